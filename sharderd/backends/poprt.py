@@ -1,0 +1,166 @@
+"""The poprt backend, child side: compile an annotated model with PopRT and optionally time it.
+
+``poprt`` ships only with the Poplar SDK, so it is imported inside ``run_attempt``, which runs
+in the attempt subprocess; the parent only asks ``available()``. A compile failure is data, not
+an exception: PopRT's ``RuntimeError`` text goes through ``parse_compile_error``.
+``POPLAR_ENGINE_OPTIONS`` is removed first: profiling options in it switch Poplar to the
+numberless out-of-memory text (no tile, so no device to move work off) and slow compiles down.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+
+from sharderd.backends.poprt_errors import parse_compile_error
+from sharderd.backends.protocol import AttemptOutcome, AttemptRequest, BenchmarkResult
+
+__all__ = ["NOT_INSTALLED", "available", "run_attempt"]
+
+NOT_INSTALLED = "poprt is not installed: install the Poplar SDK or use --backend onnxruntime"
+_MK2_TILES = 1472
+_IPU_ATTR = "__ipu_number"
+_STAGE_ATTR = "__pipeline_stage"
+
+
+def available() -> bool:
+    """Whether ``poprt`` could be imported here, without importing it (that loads Poplar)."""
+    try:
+        return importlib.util.find_spec("poprt") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def run_attempt(request: AttemptRequest) -> AttemptOutcome:
+    """Compile ``request.model`` to ``request.artifact``; benchmark it when asked."""
+    try:
+        import poprt  # noqa: F401 - the SDK's presence is the question
+        from poprt import compiler, runtime
+    except ImportError:
+        return AttemptOutcome("invalid", message=NOT_INSTALLED)
+
+    notes: list[str] = []
+    if os.environ.pop("POPLAR_ENGINE_OPTIONS", None) is not None:
+        notes.append(
+            "note: POPLAR_ENGINE_OPTIONS was unset for this compile (profiling options hide which tile runs out of memory)"
+        )
+    graph = onnx.load(request.model, load_external_data=False).graph
+    outputs = [value.name for value in graph.output]
+    n_stages = _stage_count(graph, request.num_devices)
+
+    options = compiler.CompilerOptions()
+    summary = _configure(options, request, n_stages, graph, notes)
+    try:
+        options.ipu_version = (
+            str(request.options.get("ipu_version") or "")
+            or runtime.DeviceManager().ipu_hardware_version()
+        )
+    except RuntimeError as exc:
+        return AttemptOutcome(
+            "invalid",
+            message=_join(f"cannot detect the IPU version (set poprt.ipu_version): {exc}", notes),
+        )
+
+    try:
+        compiler.Compiler.compile_and_export(request.model, outputs, request.artifact, options)
+    except RuntimeError as exc:
+        tiles = request.tiles_per_device or _MK2_TILES
+        outcome, oom, message = parse_compile_error(str(exc), tiles)
+        return AttemptOutcome(outcome, message=_join(message, notes), oom=oom)
+
+    message = f"compiled for {request.num_devices} × {options.ipu_version} ({summary})"
+    benchmark = None
+    if request.benchmark:
+        try:
+            benchmark = _benchmark(runtime.Runner(request.artifact), request)
+        except RuntimeError as exc:
+            notes.append(f"note: the benchmark failed, the compile stands: {exc}")
+    return AttemptOutcome(
+        "ok", message=_join(message, notes), artifact=request.artifact, benchmark=benchmark
+    )
+
+
+def _configure(
+    options: Any, request: AttemptRequest, n_stages: int, graph: onnx.GraphProto, notes: list[str]
+) -> str:
+    """Set CompilerOptions from the request; returns a short description for the message."""
+    opts: Mapping[str, Any] = request.options
+    options.num_ipus = request.num_devices
+    annotated = any(a.name == _IPU_ATTR for node in graph.node for a in node.attribute)
+    # One device without annotations compiles as a plain single-IPU model.
+    options.virtual_graph_mode = "manual" if annotated or request.num_devices > 1 else "off"
+    options.available_memory_proportion = float(opts.get("available_memory_proportion", 0.6))
+    options.partials_type = str(opts.get("partials_type", "half"))
+    options.num_io_tiles = int(opts.get("num_io_tiles", 0))
+    pipelining = bool(opts.get("enable_pipelining", True))
+    if pipelining and request.num_devices < 2:
+        pipelining = False
+        notes.append("note: pipelining is off on a single IPU (PopART requires more than one)")
+    options.enable_pipelining = pipelining
+    if not pipelining:
+        return f"amp {options.available_memory_proportion}, no pipelining"
+    wanted = int(opts.get("batches_per_step", 0)) or request.num_devices
+    if wanted < n_stages:
+        notes.append(
+            f"note: batches_per_step raised from {wanted} to {n_stages}, the number of pipeline stages"
+        )
+    options.batches_per_step = max(wanted, n_stages)
+    return (
+        f"amp {options.available_memory_proportion}, {n_stages} pipeline stages, "
+        f"batches_per_step {options.batches_per_step}"
+    )
+
+
+def _stage_count(graph: onnx.GraphProto, num_devices: int) -> int:
+    """Stages as PopART counts them: ``__pipeline_stage`` values, else one per IPU."""
+    stages = {
+        int(onnx.helper.get_attribute_value(a))
+        for node in graph.node
+        for a in node.attribute
+        if a.name == _STAGE_ATTR
+    }
+    return len(stages) if stages else num_devices
+
+
+def _benchmark(runner: Any, request: AttemptRequest) -> BenchmarkResult:
+    rng = np.random.default_rng(0)
+    inputs = {
+        desc.name: _sample(rng, desc.shape, np.dtype(desc.numpy_data_type()))
+        for desc in runner.get_execute_inputs()
+    }
+    outputs = {
+        desc.name: np.zeros(desc.shape, dtype=np.dtype(desc.numpy_data_type()))
+        for desc in runner.get_execute_outputs()
+    }
+    for _ in range(request.warmup):
+        runner.execute_async(inputs, outputs).wait()
+    times = np.empty(max(request.runs, 1))
+    for i in range(len(times)):
+        start = time.perf_counter()
+        runner.execute_async(inputs, outputs).wait()
+        times[i] = time.perf_counter() - start
+    latency = float(np.median(times))
+    q1, q3 = np.percentile(times, [25, 75])
+    return BenchmarkResult(
+        latency_s=latency,
+        throughput_per_s=request.batch_size / latency if latency > 0 else 0.0,
+        runs=len(times),
+        spread_s=float(q3 - q1),
+    )
+
+
+def _sample(rng: np.random.Generator, shape: list[int], dtype: np.dtype) -> np.ndarray:
+    """Random floats; zeros for integers and booleans, which are often indices or masks."""
+    if np.issubdtype(dtype, np.floating):
+        return rng.standard_normal(shape).astype(dtype)
+    return np.zeros(shape, dtype=dtype)
+
+
+def _join(message: str, notes: list[str]) -> str:
+    return "\n".join([message, *notes])

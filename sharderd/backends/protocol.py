@@ -1,0 +1,120 @@
+"""The plain data that crosses the attempt process boundary, as JSON files.
+
+The parent writes an ``AttemptRequest`` to ``request.json`` and starts
+``python -m sharderd.backends.worker request.json result.json`` in its own process group. The
+child imports the backend (poprt only ever here), compiles, and writes one ``AttemptOutcome``.
+``crashed``, ``timeout`` and ``cancelled`` are produced by the parent from the exit status; a
+child never claims them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "OUTCOMES",
+    "AttemptOutcome",
+    "AttemptRequest",
+    "BenchmarkResult",
+    "OomInfo",
+    "Outcome",
+]
+
+Outcome = Literal["ok", "oom", "invalid", "crashed", "timeout", "cancelled"]
+OUTCOMES: tuple[Outcome, ...] = ("ok", "oom", "invalid", "crashed", "timeout", "cancelled")
+
+OomKind = Literal["tile", "variables", "code", "exchange", "stream"]
+
+
+@dataclass(frozen=True, slots=True)
+class OomInfo:
+    """What an out-of-memory failure told us. Fields are None when the text has no number."""
+
+    kind: OomKind
+    """``tile``: "Out of memory on tile T: U bytes used..."; ``variables``: the numberless form."""
+    device: int | None = None
+    tile: int | None = None
+    """Global tile index as Poplar prints it."""
+    bytes_used: int | None = None
+    """Total bytes on that tile (not the excess)."""
+    tile_bytes: int | None = None
+    """Tile capacity as printed (638976 on Mk2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BenchmarkResult:
+    latency_s: float
+    """Median latency of one batch."""
+    throughput_per_s: float
+    """Samples per second."""
+    runs: int
+    stage_times_s: tuple[float, ...] = ()
+    """Per-stage median time, where the backend can measure it."""
+    spread_s: float = 0.0
+    """Inter-quartile range of the latency."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRequest:
+    backend: str
+    model: str
+    """Path of the annotated model (its external data beside it)."""
+    artifact: str
+    """Where the compiled artifact goes (a PopEF for poprt)."""
+    num_devices: int
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Backend options, e.g. poprt CompilerOptions fields by their Python names."""
+    tiles_per_device: int = 0
+    benchmark: bool = False
+    warmup: int = 20
+    runs: int = 200
+    batch_size: int = 1
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1, sort_keys=True), encoding="utf-8")
+
+    @classmethod
+    def read(cls, path: Path) -> AttemptRequest:
+        return cls(**json.loads(path.read_text(encoding="utf-8")))
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptOutcome:
+    outcome: Outcome
+    message: str = ""
+    artifact: str | None = None
+    oom: OomInfo | None = None
+    device_memory: tuple[int, ...] | None = None
+    """Bytes used per device where the compiler reports it."""
+    benchmark: BenchmarkResult | None = None
+    returncode: int | None = None
+    signal: int | None = None
+    stderr_tail: str = ""
+    duration_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AttemptOutcome:
+        values = dict(data)
+        if values.get("outcome") not in OUTCOMES:
+            raise ValueError(f"unknown outcome {values.get('outcome')!r}")
+        if values.get("oom") is not None:
+            values["oom"] = OomInfo(**values["oom"])
+        if values.get("benchmark") is not None:
+            bench = dict(values["benchmark"])
+            bench["stage_times_s"] = tuple(bench.get("stage_times_s", ()))
+            values["benchmark"] = BenchmarkResult(**bench)
+        if values.get("device_memory") is not None:
+            values["device_memory"] = tuple(int(x) for x in values["device_memory"])
+        return cls(**values)
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), sort_keys=True), encoding="utf-8")
+        tmp.replace(path)

@@ -1,0 +1,387 @@
+"""One validated, frozen configuration object from ``sharderd.toml``.
+
+Every section is a frozen dataclass; the loader checks each key against the dataclass fields, so an
+unknown or mistyped key is an error that names the file, the section and the key. The same
+machinery validates per-job sidecars in the daemon (``load_table``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from sharderd.errors import ConfigError
+from sharderd.target import BUILTIN_TARGETS, Target
+
+T = TypeVar("T")
+
+__all__ = [
+    "Config",
+    "DaemonConfig",
+    "OrtConfig",
+    "PlanConfig",
+    "PoprtConfig",
+    "SearchConfig",
+    "describe_config",
+    "load_config",
+    "load_table",
+    "parse_toml",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanConfig:
+    """How the engine costs and splits a model."""
+
+    batch_size: int = 1
+    """Value for a symbolic leading dim of a graph input that ``dims`` does not name."""
+    dims: Mapping[str, int] = field(default_factory=dict)
+    """Named symbolic dims, e.g. ``{ seq_len = 128 }``, resolved before shape inference."""
+    safety_margin: float = 1.15
+    """Predicted memory × margin must fit a device; absorbs fragmentation and model error."""
+    name_nodes: bool = False
+    """Give unnamed/duplicate nodes unique ``<OpType>_<k>`` names instead of refusing the model."""
+    cost_model: Literal["analytic", "measured"] = "analytic"
+    """``measured`` re-plans with onnxruntime profiler times (onnxruntime backend)."""
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, "plan.batch_size", "must be >= 1")
+        _check(self.safety_margin >= 1.0, "plan.safety_margin", "must be >= 1.0")
+        for name, value in self.dims.items():
+            _check(isinstance(value, int) and value >= 1, f"plan.dims.{name}", "must be an integer >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class SearchConfig:
+    """How plans are proven by compile attempts."""
+
+    backend: Literal["auto", "poprt", "onnxruntime", "none"] = "auto"
+    max_attempts: int = 8
+    """Compiles per job at most, speculative ones included."""
+    parallel: int = 2
+    """Attempts that may run at once (one-shot CLI; the daemon uses ``max_parallel_compiles``)."""
+    attempt_timeout: float = 3600.0
+    """Seconds before an attempt's process group gets SIGTERM."""
+    kill_grace: float = 10.0
+    """Seconds between SIGTERM and SIGKILL of a timed-out or cancelled attempt."""
+    optimal_perf: bool = False
+    """After the first success keep compiling and benchmarking the next-best plans."""
+    amp_fallbacks: tuple[float, ...] = (0.3, 0.1)
+    """``available_memory_proportion`` values retried when every plan is out of memory."""
+    speculative_margins: tuple[float, ...] = (1.3,)
+    """Extra safety margins compiled in parallel with the plan when pool slots are free."""
+
+    def __post_init__(self) -> None:
+        _check(self.max_attempts >= 1, "search.max_attempts", "must be >= 1")
+        _check(self.parallel >= 1, "search.parallel", "must be >= 1")
+        _check(self.attempt_timeout > 0, "search.attempt_timeout", "must be > 0")
+        _check(self.kill_grace >= 0, "search.kill_grace", "must be >= 0")
+        for amp in self.amp_fallbacks:
+            _check(0 < amp <= 1, "search.amp_fallbacks", "values must be in (0, 1]")
+        for margin in self.speculative_margins:
+            _check(margin >= 1.0, "search.speculative_margins", "values must be >= 1.0")
+
+
+@dataclass(frozen=True, slots=True)
+class PoprtConfig:
+    """CompilerOptions for the poprt backend (names as in ``poprt.compiler.CompilerOptions``)."""
+
+    ipu_version: str = ""
+    """Empty: ask ``poprt.runtime.DeviceManager().ipu_hardware_version()``."""
+    partials_type: Literal["half", "float"] = "half"
+    available_memory_proportion: float = 0.6
+    enable_pipelining: bool = True
+    batches_per_step: int = 0
+    """0: the number of stages (PopART needs >= stages when pipelining)."""
+    num_io_tiles: int = 0
+    benchmark_warmup: int = 20
+    benchmark_runs: int = 200
+
+    def __post_init__(self) -> None:
+        _check(0 < self.available_memory_proportion <= 1, "poprt.available_memory_proportion", "must be in (0, 1]")
+        _check(self.batches_per_step >= 0, "poprt.batches_per_step", "must be >= 0")
+        _check(self.num_io_tiles == 0 or (self.num_io_tiles >= 32 and self.num_io_tiles % 2 == 0),
+               "poprt.num_io_tiles", "must be 0 or an even number >= 32 (PopART's rule)")
+
+
+@dataclass(frozen=True, slots=True)
+class OrtConfig:
+    """The onnxruntime backend: where stages run and how results are checked."""
+
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    rtol: float = 1e-3
+    atol: float = 1e-4
+    warmup: int = 3
+    runs: int = 20
+    low_memory: bool = False
+    """Create one stage session at a time and release it (peak = reference + largest stage)."""
+    write_stages: bool = False
+    """Also write the per-stage ONNX files to the output folder."""
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    """``sharderd run``: folders, pool and lifecycle."""
+
+    inbox: Path = Path("/var/lib/sharderd/inbox")
+    outbox: Path = Path("/var/lib/sharderd/outbox")
+    state_dir: Path = Path("/var/lib/sharderd/state")
+    runtime_dir: Path | None = None
+    """Where ``status.json`` lives; default ``$RUNTIME_DIRECTORY`` or ``state_dir``."""
+    devices: int = 2
+    target: str | None = None
+    """Default target for jobs; None: the ``[target]`` section's."""
+    backend: Literal["auto", "poprt", "onnxruntime", "none"] = "auto"
+    max_parallel_compiles: int = 2
+    attempt_timeout: float = 3600.0
+    kill_grace: float = 10.0
+    max_attempts: int = 8
+    """Compile attempts per job, and worker crashes per job before it goes to ``failed/``."""
+    settle_seconds: float = 5.0
+    """A file unchanged (size, mtime, inode) this long is complete."""
+    rescan_interval: float = 30.0
+    watch_mode: Literal["auto", "inotify", "poll"] = "auto"
+    poll_interval: float = 2.0
+    keep_input: bool = True
+    """Move inputs to ``state_dir/done/`` after success (else delete them)."""
+    shutdown: Literal["kill", "drain"] = "kill"
+    shutdown_timeout: float = 60.0
+    allow_root: bool = False
+    file_mode: int = 0o640
+    dir_mode: int = 0o750
+    metrics_textfile: Path | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.devices >= 1, "daemon.devices", "must be >= 1")
+        _check(self.max_parallel_compiles >= 1, "daemon.max_parallel_compiles", "must be >= 1")
+        _check(self.max_attempts >= 1, "daemon.max_attempts", "must be >= 1")
+        _check(self.attempt_timeout > 0, "daemon.attempt_timeout", "must be > 0")
+        _check(self.settle_seconds >= 0, "daemon.settle_seconds", "must be >= 0")
+        _check(self.rescan_interval > 0, "daemon.rescan_interval", "must be > 0")
+        _check(self.shutdown_timeout > 0, "daemon.shutdown_timeout", "must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything sharderd reads from ``sharderd.toml``; defaults when there is no file."""
+
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    poprt: PoprtConfig = field(default_factory=PoprtConfig)
+    onnxruntime: OrtConfig = field(default_factory=OrtConfig)
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    target_name: str = "ipu-mk2"
+    custom_targets: Mapping[str, Target] = field(default_factory=dict)
+    source: Path | None = None
+
+    def target(self, name: str | None = None) -> Target:
+        """Resolve a target by name: custom targets shadow built-ins."""
+        key = name or self.target_name
+        if key in self.custom_targets:
+            return self.custom_targets[key]
+        if key in BUILTIN_TARGETS:
+            return BUILTIN_TARGETS[key]
+        known = ", ".join(sorted({*BUILTIN_TARGETS, *self.custom_targets}))
+        raise ConfigError(f"unknown target {key!r}; known targets: {known}")
+
+
+_SECTIONS: dict[str, type] = {
+    "plan": PlanConfig,
+    "search": SearchConfig,
+    "poprt": PoprtConfig,
+    "onnxruntime": OrtConfig,
+    "daemon": DaemonConfig,
+}
+
+
+def parse_toml(text: str, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: invalid TOML: {exc}") from None
+
+
+def load_config(path: Path | None = None) -> Config:
+    """Load and validate ``path``; ``None`` gives the defaults."""
+    if path is None:
+        return Config()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+    data = parse_toml(text, str(path))
+    return config_from_dict(data, str(path), source=path)
+
+
+def config_from_dict(data: Mapping[str, Any], where: str, *, source: Path | None = None) -> Config:
+    known = {*_SECTIONS, "target", "targets"}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{where}: unknown section or key {key!r} (known: {', '.join(sorted(known))})")
+    sections = {name: load_table(cls, _table(data, name, where), f"{where} [{name}]") for name, cls in _SECTIONS.items()}
+    target_table = _table(data, "target", where)
+    unknown = set(target_table) - {"name"}
+    if unknown:
+        raise ConfigError(f"{where} [target]: unknown key {sorted(unknown)[0]!r} (known: name)")
+    custom = {
+        name: _custom_target(name, table, f"{where} [targets.{name}]")
+        for name, table in _table(data, "targets", where).items()
+    }
+    config = Config(
+        **sections,
+        target_name=str(target_table.get("name", "ipu-mk2")),
+        custom_targets=custom,
+        source=source,
+    )
+    config.target()  # the default target must resolve
+    if config.daemon.target is not None:
+        config.target(config.daemon.target)
+    return config
+
+
+def _table(data: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:
+    value = data.get(name, {})
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: {name!r} must be a table")
+    return value
+
+
+_TARGET_KEYS = {f.name for f in fields(Target)} - {"name"}
+
+
+def _custom_target(name: str, table: Mapping[str, Any], where: str) -> Target:
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: must be a table")
+    base_name = table.get("base")
+    values: dict[str, Any] = {}
+    if base_name is not None:
+        if base_name not in BUILTIN_TARGETS:
+            raise ConfigError(f"{where}: base {base_name!r} is not a built-in target ({', '.join(BUILTIN_TARGETS)})")
+        values = {f.name: getattr(BUILTIN_TARGETS[base_name], f.name) for f in fields(Target)}
+    for key, value in table.items():
+        if key == "base":
+            continue
+        if key not in _TARGET_KEYS:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: base, {', '.join(sorted(_TARGET_KEYS))})")
+        values[key] = value
+    values["name"] = name
+    if "memory_bytes" not in values and values.get("tiles") and values.get("bytes_per_tile"):
+        values["memory_bytes"] = int(values["tiles"]) * int(values["bytes_per_tile"])
+    hints = typing.get_type_hints(Target)
+    for key, value in list(values.items()):
+        values[key] = _coerce(value, hints[key], f"{where} {key}")
+    missing = [f.name for f in fields(Target) if f.default is dataclasses.MISSING and f.name not in values]
+    if missing:
+        raise ConfigError(f"{where}: missing key {missing[0]!r} (or set base = \"ipu-mk2\")")
+    try:
+        return Target(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def load_table(cls: type[T], table: Mapping[str, Any], where: str) -> T:
+    """Build the frozen dataclass ``cls`` from a TOML table; unknown keys are errors naming the key."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: must be a table")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in hints:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(names)})")
+        kwargs[key] = _coerce(value, hints[key], f"{where} {key}")
+    try:
+        return cls(**kwargs)
+    except _KeyError as exc:
+        raise ConfigError(f"{where}: {exc.args[0]} {exc.args[1]}") from None
+
+
+class _KeyError(ValueError):
+    """A field value out of range; carries (key, message) so the loader can add the file."""
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise _KeyError(key.split(".", 1)[-1], message)
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], where)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    if hint is Path:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: expected a path string, got {value!r}")
+        return Path(value)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return tuple(_coerce(v, args[0], where) for v in value)
+    if origin is Mapping or origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        return {str(k): _coerce(v, args[1], f"{where}.{k}") for k, v in value.items()}
+    raise TypeError(f"unsupported config type {hint!r}")  # pragma: no cover - a programming error
+
+
+def describe_config(config: Config) -> str:
+    """The effective config as TOML-like text (``sharderd check-config``)."""
+    lines = [f"# effective configuration{f' from {config.source}' if config.source else ' (defaults)'}"]
+    for name in _SECTIONS:
+        section = getattr(config, name)
+        lines.append(f"\n[{name}]")
+        for f in fields(section):
+            lines.append(f"{f.name} = {_toml_value(getattr(section, f.name))}")
+    lines.append("\n[target]")
+    lines.append(f"name = {_toml_value(config.target_name)}")
+    for tname, target in config.custom_targets.items():
+        lines.append(f"\n[targets.{tname}]")
+        for f in fields(target):
+            if f.name != "name":
+                lines.append(f"{f.name} = {_toml_value(getattr(target, f.name))}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | Path):
+        return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if value is None:
+        return '""  # unset'
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    return repr(value)

@@ -1,0 +1,287 @@
+"""Crash-safe job state: one JSON file per job, plus a content index for duplicates.
+
+Every write is temp file → fsync → rename → fsync of the folder, so after a crash or ``kill -9`` each
+``journal/<job_id>.json`` holds either the previous or the new record, never a torn one; leftover temp
+files are ignored and swept by ``load_all``. ``attempts`` is bumped *before* a worker starts, so a
+worker that takes the whole daemon down still counts, and a job that keeps crashing stops at
+``max_attempts`` across restarts.
+
+The index ``index/<sha256>.json`` maps a content key (model + effective options) to the first result.
+It is created with ``link()``, which never replaces, so of two jobs racing with the same content
+exactly one becomes the original. An entry whose result folder has been deleted no longer counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Final, Literal, final, get_args
+
+from sharderd.daemon.outbox import TMP_PREFIX, find_published, fsync_dir
+
+__all__ = [
+    "TERMINAL_STATES",
+    "IndexEntry",
+    "JobRecord",
+    "JobState",
+    "Journal",
+    "RecoveredJob",
+    "RecoveryReport",
+    "recover",
+]
+
+JobState = Literal["detected", "claimed", "planning", "compiling", "succeeded", "failed", "duplicate", "cancelled"]
+TERMINAL_STATES: Final[frozenset[str]] = frozenset({"succeeded", "failed", "duplicate", "cancelled"})
+_STATES: Final = frozenset(get_args(JobState))
+_SHA256: Final = re.compile(r"[0-9a-f]{64}")
+_JOB_ID: Final = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.-]*")
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What the journal knows about one job."""
+
+    job_id: str
+    name: str
+    state: JobState = "detected"
+    attempts: int = 0
+    """Worker starts so far (plan worker and compiles), counted before each start."""
+    max_attempts: int | None = None
+    """The job's own limit (sidecar); None: the daemon's."""
+    sha256: str | None = None
+    result: str | None = None
+    """The outbox folder; for a duplicate the original's; for a failure the ``failed/`` folder."""
+    error: Mapping[str, Any] | None = None
+    """``SharderdError.to_dict()`` (or the crash details) of a failed job."""
+    priority: int = 0
+    created: str = ""
+    """UTC ISO time of the first ``record``; set by the journal."""
+    updated: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobRecord:
+        known = {f.name for f in fields(cls)}
+        record = cls(**{k: v for k, v in data.items() if k in known})
+        if record.state not in _STATES or not isinstance(record.attempts, int):
+            raise ValueError(f"bad job record {data!r}")
+        return record
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    sha256: str
+    result: str
+    job_id: str
+    time: str = ""
+
+
+@final
+class Journal:
+    """The job records under ``state_dir/journal`` and the index under ``state_dir/index``."""
+
+    __slots__ = ("index_dir", "journal_dir", "now", "state_dir")
+
+    def __init__(self, state_dir: Path, *, now: Callable[[], float] = time.time) -> None:
+        self.state_dir = state_dir
+        self.journal_dir = state_dir / "journal"
+        self.index_dir = state_dir / "index"
+        self.now = now
+
+    def load_all(self, *, on_corrupt: Callable[[Path, str], None] | None = None) -> dict[str, JobRecord]:
+        """Every record by job id, oldest id first. Temp files are removed; unreadable records skipped."""
+        self.journal_dir.mkdir(parents=True, exist_ok=True)
+        records: dict[str, JobRecord] = {}
+        for path in sorted(self.journal_dir.iterdir()):
+            if path.name.startswith("."):
+                path.unlink(missing_ok=True)  # a write that never reached its rename
+                continue
+            if path.suffix != ".json":
+                continue
+            try:
+                record = JobRecord.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError) as exc:
+                if on_corrupt is not None:
+                    on_corrupt(path, str(exc))
+                continue
+            records[record.job_id] = record
+        return records
+
+    def get(self, job_id: str) -> JobRecord | None:
+        try:
+            return JobRecord.from_dict(json.loads(self._path(job_id).read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            return None
+
+    def record(self, job: JobRecord) -> JobRecord:
+        """Write ``job`` durably, stamping ``created`` (first time) and ``updated``; returns what was written."""
+        stamp = _iso(self.now())
+        job = replace(job, created=job.created or stamp, updated=stamp)
+        self.journal_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self._path(job.job_id), json.dumps(asdict(job), indent=1, sort_keys=True, default=str))
+        return job
+
+    def bump_attempts(self, job_id: str) -> JobRecord:
+        """Count one more worker start; call it before the start. ``KeyError`` for an unknown job."""
+        job = self.get(job_id)
+        if job is None:
+            raise KeyError(job_id)
+        return self.record(replace(job, attempts=job.attempts + 1))
+
+    def remove(self, job_id: str) -> None:
+        self._path(job_id).unlink(missing_ok=True)
+        fsync_dir(self.journal_dir)
+
+    def lookup(self, sha256: str) -> IndexEntry | None:
+        """The first result for this content, if it still exists."""
+        entry = self._read_index(sha256)
+        return entry if entry is not None and Path(entry.result).exists() else None
+
+    def remember(self, sha256: str, result: Path, job_id: str) -> IndexEntry:
+        """Make ``result`` the original for ``sha256`` unless a live one exists; returns the winner."""
+        self.index_dir.mkdir(parents=True, exist_ok=True)
+        final = self._index_path(sha256)
+        entry = IndexEntry(sha256, str(result), job_id, _iso(self.now()))
+        tmp = _write_temp(final, json.dumps(asdict(entry), sort_keys=True))
+        try:
+            while True:
+                try:
+                    os.link(tmp, final)
+                    break
+                except FileExistsError:
+                    existing = self.lookup(sha256)
+                    if existing is not None:
+                        return existing
+                    final.unlink(missing_ok=True)  # its result is gone: this job becomes the original
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(self.index_dir)
+        return entry
+
+    def _read_index(self, sha256: str) -> IndexEntry | None:
+        path = self._index_path(sha256)
+        try:
+            return IndexEntry(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _path(self, job_id: str) -> Path:
+        if not _JOB_ID.fullmatch(job_id):
+            raise ValueError(f"bad job id {job_id!r}")
+        return self.journal_dir / f"{job_id}.json"
+
+    def _index_path(self, sha256: str) -> Path:
+        if not _SHA256.fullmatch(sha256):
+            raise ValueError(f"bad content key {sha256!r}: expected 64 lowercase hex digits")
+        return self.index_dir / f"{sha256}.json"
+
+
+def _write_temp(final: Path, text: str) -> Path:
+    tmp = final.with_name(f".{final.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+    try:
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return tmp
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = _write_temp(path, text)
+    try:
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredJob:
+    """A folder found in ``processing/`` at start-up."""
+
+    job_id: str
+    name: str
+    job_dir: Path
+    record: JobRecord | None
+    """None when the daemon died between the claim and the first journal write."""
+    result: Path | None = None
+    """Its published result, when the daemon died after publishing but before recording it."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What a restart must do; every folder in ``processing/`` is in exactly one of the first three."""
+
+    resume: tuple[RecoveredJob, ...] = ()
+    """Unfinished: queue again, oldest first."""
+    to_fail: tuple[RecoveredJob, ...] = ()
+    """Attempts used up (a worker kept crashing): move to ``failed/`` without another try."""
+    finish: tuple[RecoveredJob, ...] = ()
+    """Outcome already decided (terminal record or published result): finish the bookkeeping only."""
+    stale: tuple[JobRecord, ...] = ()
+    """Non-terminal records whose ``processing/`` folder is gone; nothing can run, mark them."""
+    removed: tuple[Path, ...] = ()
+    """Swept: ``outbox/.tmp-*`` leftovers and empty claim folders."""
+
+
+def recover(state_dir: Path, outbox: Path, *, max_attempts: int = 8, journal: Journal | None = None) -> RecoveryReport:
+    """Sort out ``processing/`` after an unclean stop; run it before the first claim."""
+    journal = journal or Journal(state_dir)
+    records = journal.load_all()
+    removed = [_remove(p) for p in sorted(outbox.glob(f"{TMP_PREFIX}*"))]
+    processing = state_dir / "processing"
+    resume, to_fail, finish = [], [], []
+    seen: set[str] = set()
+    for job_dir in sorted(processing.iterdir()) if processing.is_dir() else ():
+        if not job_dir.is_dir() or job_dir.is_symlink():
+            continue
+        if not any(job_dir.iterdir()):
+            removed.append(_remove(job_dir))
+            continue
+        seen.add(job_dir.name)
+        record = records.get(job_dir.name)
+        name = record.name if record is not None else _guess_name(job_dir)
+        result = None if record is not None and record.terminal else find_published(outbox, name, job_dir.name)
+        job = RecoveredJob(job_dir.name, name, job_dir, record, result)
+        limit = (record.max_attempts if record and record.max_attempts else None) or max_attempts
+        if result is not None or (record is not None and record.terminal):
+            finish.append(job)
+        elif record is not None and record.attempts >= limit:
+            to_fail.append(job)
+        else:
+            resume.append(job)
+    stale = tuple(r for r in records.values() if not r.terminal and r.state != "detected" and r.job_id not in seen)
+    return RecoveryReport(tuple(resume), tuple(to_fail), tuple(finish), stale, tuple(removed))
+
+
+def _remove(path: Path) -> Path:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    return path
+
+
+def _guess_name(job_dir: Path) -> str:
+    """The job name from what ``claim`` left: ``<name>.onnx`` or a ``<name>/`` folder."""
+    entries = sorted(p for p in job_dir.iterdir() if p.suffix != ".toml" and not p.name.startswith("error."))
+    if len(entries) == 1:
+        only = entries[0]
+        return only.stem if only.suffix.lower() == ".onnx" else only.name
+    return job_dir.name

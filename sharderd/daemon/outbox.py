@@ -1,0 +1,298 @@
+"""Results and failures land whole or not at all, under names that never overwrite.
+
+A result is built in ``outbox/.tmp-<job_id>/`` (a dotfile: watchers on the outbox skip it), every
+file and folder fsynced, then renamed to ``outbox/<name>/``; a taken name gets ``-1``, ``-2``...
+The rename uses ``renameat2(RENAME_NOREPLACE)`` so not even an empty folder someone made is
+replaced; on filesystems without it (older NFS) it falls back to look-then-rename, where only an
+empty directory appearing in between could be replaced (a published result is never empty: it holds
+the ``.sharderd-job`` marker that lets crash recovery find it). Failed jobs move whole to
+``failed/<name>/`` with ``error.json`` for tools and ``error.md`` for people.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from sharderd.config import DaemonConfig
+from sharderd.errors import ConfigError, SharderdError
+
+__all__ = [
+    "JOB_MARKER",
+    "TMP_PREFIX",
+    "DaemonDirs",
+    "check_same_filesystem",
+    "fail_job",
+    "find_published",
+    "fsync_dir",
+    "prepare_dirs",
+    "publish",
+    "rename_unique",
+    "tmp_dir_for",
+]
+
+TMP_PREFIX: Final = ".tmp-"
+JOB_MARKER: Final = ".sharderd-job"
+"""File in every published result holding the job id; recovery uses it to avoid publishing twice."""
+_MAX_SUFFIX: Final = 10_000
+
+_ADVICE: Final[Mapping[str, str]] = {
+    "bad_config": "Fix the sidecar (.toml) named above, then move the model and sidecar back into the inbox.",
+    "bad_model": "Check the model with `python -m onnx.checker` or re-export it, then move it back into the inbox.",
+    "bad_job": "Make the job a single `<name>.onnx` file, or a folder holding exactly one `.onnx` with its external data, then move it back into the inbox.",
+    "does_not_fit": "Give the job more devices (sidecar `devices = N`) or a smaller batch size, then move it back into the inbox.",
+    "backend_unavailable": "Install the backend on this host or choose another one (sidecar `backend = ...`).",
+    "compile_failed": "Read the compiler output in error.json; if it is a bug, report it with that file attached.",
+    "verification_failed": "The sharded model computes different results; report this with the model attached.",
+    "worker_crashed": "The worker process crashed repeatedly (see the signal in error.json); check memory limits and the compiler log.",
+    "timeout": "Compiling took longer than `attempt_timeout`; raise it in sharderd.toml or give the job more devices.",
+}
+_DEFAULT_ADVICE: Final = "Read error.json for details; move the input back into the inbox to try again."
+
+
+def tmp_dir_for(outbox: Path, job_id: str) -> Path:
+    """Create (or empty-reuse) ``outbox/.tmp-<job_id>`` where a result is assembled."""
+    path = outbox / f"{TMP_PREFIX}{job_id}"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def publish(tmp_dir: Path, outbox: Path, name: str, *, file_mode: int = 0o640, dir_mode: int = 0o750) -> Path:
+    """Make the result in ``tmp_dir`` durable and visible as ``outbox/<name>`` (or a suffixed name)."""
+    if tmp_dir.parent != outbox or not tmp_dir.name.startswith(TMP_PREFIX):
+        raise ValueError(f"{tmp_dir} is not an {outbox}/{TMP_PREFIX}<job_id> folder")
+    (tmp_dir / JOB_MARKER).write_text(tmp_dir.name.removeprefix(TMP_PREFIX) + "\n", encoding="utf-8")
+    _sync_tree(tmp_dir, file_mode, dir_mode)
+    return rename_unique(tmp_dir, outbox, name)
+
+
+def find_published(outbox: Path, name: str, job_id: str) -> Path | None:
+    """The result ``publish`` made for ``job_id`` under ``name`` or a suffixed name, if any."""
+    pattern = re.compile(re.escape(name) + r"(-\d+)?")
+    with os.scandir(outbox) as entries:
+        hits = sorted(e.path for e in entries if pattern.fullmatch(e.name))
+    for hit in hits:
+        try:
+            if (Path(hit) / JOB_MARKER).read_text(encoding="utf-8").strip() == job_id:
+                return Path(hit)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return None
+
+
+def fail_job(processing_job_dir: Path, failed_dir: Path, name: str,
+             error: SharderdError | Mapping[str, Any], *, now: float | None = None) -> Path:
+    """Move a job's folder to ``failed/<name>`` with ``error.json`` and ``error.md`` inside.
+
+    The two files are written and fsynced before the move, so the failed folder appears complete.
+    """
+    info: dict[str, Any] = dict(error.to_dict() if isinstance(error, SharderdError) else error)
+    info.setdefault("reason", "error")
+    info.setdefault("message", "the job failed")
+    info.setdefault("hint", None)
+    info.setdefault("exit_code", 1)
+    info["job_id"] = processing_job_dir.name
+    info["name"] = name
+    info["time"] = _iso(time.time() if now is None else now)
+    _write_synced(processing_job_dir / "error.json", json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
+    _write_synced(processing_job_dir / "error.md", _error_md(info))
+    fsync_dir(processing_job_dir)
+    failed_dir.mkdir(parents=True, exist_ok=True)
+    return rename_unique(processing_job_dir, failed_dir, name)
+
+
+def _error_md(info: Mapping[str, Any]) -> str:
+    core = ("reason", "message", "hint", "exit_code", "job_id", "name", "time")
+    lines = [
+        f"# {info['name']}: failed", "",
+        f"**What went wrong.** {info['message']}", "",
+        f"**What to do.** {info['hint'] or _ADVICE.get(str(info['reason']), _DEFAULT_ADVICE)}", "",
+        f"- reason: `{info['reason']}`",
+        f"- job id: `{info['job_id']}`",
+        f"- time: {info['time']}",
+        f"- exit code: {info['exit_code']}",
+    ]
+    for key in sorted(k for k in info if k not in core):
+        text = str(info[key])
+        if "\n" in text or len(text) > 200:
+            lines += ["", f"{key} (last 4000 characters):", "", "```", text[-4000:], "```"]
+        else:
+            lines.append(f"- {key}: {text}")
+    lines += ["", "This folder holds the input as it was claimed. To try again, fix the problem and "
+              "move the model (and its sidecar) back into the inbox.", ""]
+    return "\n".join(lines)
+
+
+def rename_unique(src: Path, parent: Path, name: str) -> Path:
+    """Rename ``src`` to ``parent/name``, else ``name-1``, ``name-2``...; never replaces anything."""
+    if not name or name in {".", ".."} or "/" in name or "\0" in name:
+        raise ValueError(f"{name!r} is not a usable file name")
+    for k in range(_MAX_SUFFIX):
+        dest = parent / (name if k == 0 else f"{name}-{k}")
+        if _rename_noreplace(src, dest):
+            fsync_dir(parent)
+            if src.parent != parent:
+                fsync_dir(src.parent)
+            return dest
+    raise FileExistsError(errno.EEXIST, f"{name} and {_MAX_SUFFIX - 1} suffixed names are taken", str(parent))
+
+
+def _load_renameat2() -> Any:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):  # not glibc >= 2.28
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_renameat2: Final = _load_renameat2()
+_AT_FDCWD: Final = -100
+_RENAME_NOREPLACE: Final = 1
+_COLLISION: Final = frozenset({errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR})
+
+
+def _rename_noreplace(src: Path, dst: Path) -> bool:
+    """True when renamed; False when ``dst`` is taken. Other errors raise ``OSError``."""
+    if _renameat2 is not None:
+        if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return True
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            return False
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), str(src), None, str(dst))
+    if os.path.lexists(dst):
+        return False
+    try:
+        src.rename(dst)
+    except OSError as exc:
+        if exc.errno in _COLLISION:
+            return False
+        raise
+    return True
+
+
+def _sync_tree(root: Path, file_mode: int, dir_mode: int) -> None:
+    """chmod and fsync every file, then every folder bottom-up, so the rename publishes durable data."""
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for fname in filenames:
+            path = Path(dirpath, fname)
+            if path.is_symlink():
+                continue
+            path.chmod(file_mode)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for dname in dirnames:
+            sub = Path(dirpath, dname)
+            if not sub.is_symlink():
+                sub.chmod(dir_mode)
+        fsync_dir(Path(dirpath))
+    root.chmod(dir_mode)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (a rename, a new file) survive a power cut."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+
+
+def check_same_filesystem(inbox: Path, processing: Path, outbox: Path, *more: Path) -> None:
+    """Refuse folders on different filesystems: claims and results are renames, atomic only within one."""
+    paths = {"inbox": inbox, "processing": processing, "outbox": outbox} | {p.name: p for p in more}
+    try:
+        devices = {label: path.stat().st_dev for label, path in paths.items()}
+    except OSError as exc:
+        raise ConfigError(f"cannot check the filesystem of {exc.filename}: {exc.strerror}") from None
+    if len(set(devices.values())) > 1:
+        where = ", ".join(f"{label} {path} (device {os.major(devices[label])}:{os.minor(devices[label])})"
+                          for label, path in paths.items())
+        raise ConfigError(
+            f"sharderd needs its folders on one filesystem, but they are not: {where}",
+            hint="Claiming a job and publishing a result are renames, which are atomic only within one "
+                 "filesystem. Put inbox, outbox and state_dir on the same mount.",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonDirs:
+    """Every folder the daemon uses, created by ``prepare_dirs``."""
+
+    inbox: Path
+    outbox: Path
+    state_dir: Path
+    processing: Path
+    """``state_dir/processing``: claimed jobs, one ``<job_id>/`` each."""
+    failed: Path
+    done: Path
+    journal: Path
+    index: Path
+    """``state_dir/index``: content hash → first result, for duplicate detection."""
+    runtime: Path
+    """Where ``status.json`` goes."""
+
+
+def prepare_dirs(config: DaemonConfig, *, create_inbox: bool = True) -> DaemonDirs:
+    """Create every folder (mode ``dir_mode``) and check it is usable; ``ConfigError`` names the path."""
+    state = config.state_dir
+    runtime_env = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    runtime = config.runtime_dir or (Path(runtime_env) if runtime_env else state)
+    dirs = DaemonDirs(
+        inbox=config.inbox, outbox=config.outbox, state_dir=state, processing=state / "processing",
+        failed=state / "failed", done=state / "done", journal=state / "journal", index=state / "index",
+        runtime=runtime,
+    )
+    _check_layout(dirs)
+    if not create_inbox and not config.inbox.is_dir():
+        raise ConfigError(f"inbox {config.inbox} does not exist or is not a directory")
+    for label in ("inbox", "outbox", "state_dir", "processing", "failed", "done", "journal", "index", "runtime"):
+        _ensure_dir(getattr(dirs, label), config.dir_mode, label)
+    check_same_filesystem(dirs.inbox, dirs.processing, dirs.outbox, dirs.failed, dirs.done)
+    return dirs
+
+
+def _check_layout(dirs: DaemonDirs) -> None:
+    inbox, outbox, state = (p.absolute() for p in (dirs.inbox, dirs.outbox, dirs.state_dir))
+    if inbox == outbox or outbox.is_relative_to(inbox) or inbox.is_relative_to(outbox):
+        raise ConfigError(f"inbox {dirs.inbox} and outbox {dirs.outbox} must be separate folders, neither inside the other")
+    if state.is_relative_to(inbox):
+        raise ConfigError(f"state_dir {dirs.state_dir} must not be inside the inbox {dirs.inbox}")
+
+
+def _ensure_dir(path: Path, mode: int, label: str) -> None:
+    try:
+        path.mkdir(mode=mode, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"{label} {path} exists and is not a directory") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create {label} {path}: {exc.strerror}",
+                          hint="Create it, or make its parent writable by the sharderd user.") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{label} {path} is not writable by this user (uid {os.getuid()})",
+                          hint="sharderd moves files in and out of it; give the sharderd user write access.")

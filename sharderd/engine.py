@@ -1,0 +1,76 @@
+"""The engine's front door: file → analysis → plan → annotated files. Pure computation plus the
+model's own I/O; no logging, no global state. The CLI and the daemon call only these."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from sharderd.config import PlanConfig
+from sharderd.errors import SharderdError
+from sharderd.graph.analyze import Analysis, analyze
+from sharderd.graph.load import load_model
+from sharderd.plan.planner import plan_stages
+from sharderd.plan.types import Plan
+from sharderd.shard.annotate import RoutedInput, annotate, check_annotation
+from sharderd.shard.poprt_config import manual_sharding_yaml
+from sharderd.shard.write import atomic_write_text, copy_external_data, write_model
+from sharderd.target import Target
+
+__all__ = ["ShardFiles", "analyze_file", "annotated_model", "make_plan", "write_shard_files"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardFiles:
+    model: Path
+    sharding_yaml: Path
+    external: tuple[Path, ...]
+    routed: tuple[RoutedInput, ...]
+
+
+def analyze_file(path: Path, config: PlanConfig) -> Analysis:
+    return analyze(load_model(path), config)
+
+
+def make_plan(
+    analysis: Analysis,
+    target: Target,
+    devices: int,
+    config: PlanConfig,
+    *,
+    memory_scale: Sequence[float] | None = None,
+    safety_margin: float | None = None,
+) -> Plan:
+    return plan_stages(
+        analysis,
+        target,
+        devices,
+        safety_margin=config.safety_margin if safety_margin is None else safety_margin,
+        memory_scale=memory_scale,
+    )
+
+
+def annotated_model(analysis: Analysis, plan: Plan) -> tuple[onnx.ModelProto, tuple[RoutedInput, ...]]:
+    """A copy of the model carrying the plan; the analysed proto stays untouched for re-planning."""
+    model = onnx.ModelProto()
+    model.CopyFrom(analysis.model)
+    routed = annotate(model, analysis.flow, plan.assignment)
+    problems = check_annotation(model)
+    if problems:  # a planner bug, never a user error: fail loudly with the evidence
+        raise SharderdError(f"internal error: the annotated model breaks PopART's rules: {problems[:3]}")
+    return model, routed
+
+
+def write_shard_files(analysis: Analysis, plan: Plan, out_dir: Path, stem: str) -> ShardFiles:
+    """Write ``<stem>.sharded.onnx`` (+ its external data) and ``<stem>.sharding.yaml``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model, routed = annotated_model(analysis, plan)
+    model_path = out_dir / f"{stem}.sharded.onnx"
+    external = copy_external_data(analysis.loaded.external_files, analysis.loaded.path.parent, out_dir)
+    write_model(model, model_path)
+    yaml_path = out_dir / f"{stem}.sharding.yaml"
+    atomic_write_text(yaml_path, manual_sharding_yaml(model))
+    return ShardFiles(model_path, yaml_path, tuple(external), routed)

@@ -1,0 +1,125 @@
+"""Errors by cause, each carrying a user-facing message and the CLI exit code.
+
+The engine raises these; the CLI prints ``str(err)`` and exits with ``err.exit_code``; the daemon
+files them under ``failed/`` with ``err.reason``. Nothing here formats tracebacks: a
+``SharderdError`` is an expected outcome, anything else is a bug.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "EXIT_BACKEND_UNAVAILABLE",
+    "EXIT_BAD_INPUT",
+    "EXIT_DOES_NOT_FIT",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "BackendUnavailableError",
+    "CompileFailedError",
+    "ConfigError",
+    "ModelInvalidError",
+    "PlanInfeasibleError",
+    "SharderdError",
+    "VerificationError",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_DOES_NOT_FIT = 3
+EXIT_BACKEND_UNAVAILABLE = 4
+
+
+class SharderdError(Exception):
+    """Base of every expected failure. ``reason`` is a stable machine-readable slug."""
+
+    exit_code: ClassVar[int] = EXIT_FAILED
+    reason: ClassVar[str] = "error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if self.hint is None else f"{self.message}\n{self.hint}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "reason": self.reason,
+            "message": self.message,
+            "hint": self.hint,
+            "exit_code": self.exit_code,
+        }
+
+
+class ConfigError(SharderdError):
+    """A config file, sidecar or command-line option is wrong; the message names the key."""
+
+    exit_code = EXIT_BAD_INPUT
+    reason = "bad_config"
+
+
+class ModelInvalidError(SharderdError):
+    """The model cannot be read or violates a rule sharderd needs (names, shapes, paths).
+
+    Raised by the loader and validator. The user fixes the model, or passes ``--name-nodes``
+    where the message says so.
+    """
+
+    exit_code = EXIT_BAD_INPUT
+    reason = "bad_model"
+
+
+class PlanInfeasibleError(SharderdError):
+    """No split onto the requested devices fits in memory, proven without compiling.
+
+    ``min_devices`` is how many devices would do (None when even one node is too large).
+    """
+
+    exit_code = EXIT_DOES_NOT_FIT
+    reason = "does_not_fit"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        device: int | None = None,
+        short_bytes: int | None = None,
+        min_devices: int | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.device = device
+        self.short_bytes = short_bytes
+        self.min_devices = min_devices
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            **super().to_dict(),
+            "device": self.device,
+            "short_bytes": self.short_bytes,
+            "min_devices": self.min_devices,
+        }
+
+
+class BackendUnavailableError(SharderdError):
+    """The requested backend cannot run here (e.g. poprt without the Poplar SDK)."""
+
+    exit_code = EXIT_BACKEND_UNAVAILABLE
+    reason = "backend_unavailable"
+
+
+class CompileFailedError(SharderdError):
+    """Every compile attempt failed for a reason other than memory; the report lists them."""
+
+    exit_code = EXIT_FAILED
+    reason = "compile_failed"
+
+
+class VerificationError(SharderdError):
+    """The sharded model computes something different from the original."""
+
+    exit_code = EXIT_FAILED
+    reason = "verification_failed"

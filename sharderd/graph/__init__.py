@@ -1,0 +1,1 @@
+"""The model as the planner sees it: loading, validation and per-node costs."""

@@ -1,0 +1,102 @@
+"""From a loaded model to everything the planner needs: validated names, dataflow, shapes, costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from sharderd.config import PlanConfig
+from sharderd.errors import ModelInvalidError
+from sharderd.graph.costs import GraphCosts, compute_costs
+from sharderd.graph.dataflow import Dataflow, build_dataflow
+from sharderd.graph.load import LoadedModel
+from sharderd.graph.names import assign_unique_names, find_name_problems
+from sharderd.graph.shapes import ShapeInfo, shape_info
+
+__all__ = ["MIN_OPSET", "Analysis", "analyze", "check_opsets"]
+
+MIN_OPSET = 7
+"""Older default-domain opsets predate the ops PopRT and onnxruntime convert reliably."""
+
+_KNOWN_DOMAINS = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft", "ai.graphcore", "com.graphcore"}
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    loaded: LoadedModel
+    flow: Dataflow
+    costs: GraphCosts
+    shapes: ShapeInfo
+    renamed_nodes: int
+    """Nodes given a ``<OpType>_<k>`` name because of ``name_nodes``."""
+    warnings: tuple[str, ...]
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        return self.loaded.model
+
+    @property
+    def total_flops(self) -> float:
+        return float(self.costs.flops.sum())
+
+    @property
+    def total_weight_bytes(self) -> int:
+        return int(self.flow.weight_bytes.sum())
+
+
+def check_opsets(model: onnx.ModelProto) -> list[str]:
+    """Refuse opsets nobody can compile; return warnings for domains the cost table does not know."""
+    warnings = []
+    max_opset = onnx.defs.onnx_opset_version()
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            if opset.version < MIN_OPSET or opset.version > max_opset:
+                raise ModelInvalidError(
+                    f"unsupported default-domain opset {opset.version}: sharderd supports {MIN_OPSET}..{max_opset}",
+                    hint="convert the model with onnx.version_converter.convert_version",
+                )
+        elif opset.domain not in _KNOWN_DOMAINS:
+            warnings.append(f"custom domain {opset.domain!r} (opset {opset.version}): its ops get the default cost")
+    if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):
+        raise ModelInvalidError("the model imports no default-domain opset")
+    return warnings
+
+
+def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
+    """Validate and cost ``loaded``. With ``config.name_nodes`` unnamed/duplicate nodes are renamed
+    in ``loaded.model`` (the report says how many); otherwise they are an error listing them."""
+    graph = loaded.model.graph
+    warnings = check_opsets(loaded.model)
+    problems = find_name_problems(graph)
+    renamed = 0
+    if problems:
+        if not config.name_nodes:
+            raise ModelInvalidError(
+                f"every node needs a unique, non-empty name (PopRT addresses nodes by name): {problems.describe(graph)}",
+                hint="rerun with --name-nodes to name them <OpType>_<k> (or set plan.name_nodes = true)",
+            )
+        renamed = assign_unique_names(graph)
+        warnings.append(f"renamed {renamed} unnamed or duplicate node(s) to <OpType>_<k>")
+    flow = build_dataflow(graph)
+    shapes = shape_info(loaded.model, batch_size=config.batch_size, dims=config.dims)
+    costs = compute_costs(graph, flow, shapes.types)
+    if shapes.inference_error:
+        warnings.append(f"shape inference failed ({shapes.inference_error}); unknown sizes count as 0")
+    if shapes.unresolved_dims:
+        warnings.append(
+            f"symbolic dims without a value: {', '.join(shapes.unresolved_dims[:8])}; set them in [plan.dims]"
+        )
+    if costs.unknown_tensors:
+        shown = ", ".join(costs.unknown_tensors[:5])
+        warnings.append(
+            f"{len(costs.unknown_tensors)} activation tensor(s) of unknown size count as 0 bytes: {shown}"
+        )
+    if costs.default_cost_ops:
+        shown = ", ".join(f"{op} ×{n}" for op, n in sorted(costs.default_cost_ops.items()))
+        warnings.append(f"ops costed with the default rule (1 FLOP per output element): {shown}")
+    warnings.extend(costs.control_flow_notes)
+    if not np.isfinite(costs.flops).all():
+        raise ModelInvalidError("FLOP count overflowed: the model declares absurd dims")
+    return Analysis(loaded, flow, costs, shapes, renamed, tuple(warnings))

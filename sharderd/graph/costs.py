@@ -1,0 +1,144 @@
+"""Per-node costs: FLOPs, weight bytes (by weight id, so sharing is visible) and activation bytes.
+
+Arrays are indexed like ``Dataflow``: ``flops[node]``, ``tensor_bytes[tensor]``. Tensors whose
+shape stays unknown cost 0 bytes and are listed, so the report can say what the plan ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+
+from sharderd.graph.dataflow import Dataflow
+from sharderd.graph.flops import node_flops
+from sharderd.graph.shapes import TensorType
+from sharderd.graph.tensors import shape_bytes
+
+__all__ = ["GraphCosts", "compute_costs", "scalar_constants"]
+
+
+@dataclass(frozen=True, slots=True)
+class GraphCosts:
+    flops: np.ndarray
+    """float64 [N]: FLOPs of one inference of each top-level node (bodies included)."""
+    tensor_bytes: np.ndarray
+    """int64 [T]: bytes of each activation tensor (0 when unknown)."""
+    unknown_tensors: tuple[str, ...]
+    default_cost_ops: Mapping[str, int]
+    """Op types costed with the default rule, and how many nodes each."""
+    control_flow_notes: tuple[str, ...]
+
+
+def compute_costs(graph: onnx.GraphProto, flow: Dataflow, types: Mapping[str, TensorType]) -> GraphCosts:
+    tensor_bytes = np.zeros(flow.num_tensors, dtype=np.int64)
+    unknown: list[str] = []
+    for t, name in enumerate(flow.tensor_names):
+        tt = types.get(name)
+        if tt is None or tt.shape is None:
+            unknown.append(name)
+        else:
+            tensor_bytes[t] = shape_bytes(tt.shape, tt.elem_type)
+    defaults: dict[str, int] = {}
+    notes: list[str] = []
+    scalars = scalar_constants(graph)
+    flops = np.fromiter(
+        (_node_cost(node, types, scalars, defaults, notes) for node in graph.node),
+        dtype=np.float64,
+        count=len(graph.node),
+    )
+    return GraphCosts(flops, tensor_bytes, tuple(unknown), defaults, tuple(notes))
+
+
+def _shape(types: Mapping[str, TensorType], name: str) -> tuple[int, ...] | None:
+    if not name:
+        return None
+    tt = types.get(name)
+    return None if tt is None else tt.shape
+
+
+def _node_cost(
+    node: onnx.NodeProto,
+    types: Mapping[str, TensorType],
+    scalars: Mapping[str, int],
+    defaults: dict[str, int],
+    notes: list[str],
+) -> float:
+    estimate = node_flops(
+        node,
+        [_shape(types, name) for name in node.input],
+        [_shape(types, name) for name in node.output],
+    )
+    if not estimate.known:
+        key = f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+        defaults[key] = defaults.get(key, 0) + 1
+    return estimate.flops + _body_cost(node, types, scalars, defaults, notes)
+
+
+def _body_cost(
+    node: onnx.NodeProto,
+    types: Mapping[str, TensorType],
+    scalars: Mapping[str, int],
+    defaults: dict[str, int],
+    notes: list[str],
+) -> float:
+    """If: the dearer branch; Loop: body × trip count; Scan: body × sequence length."""
+    bodies = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+    if not bodies:
+        return 0.0
+    costs = {
+        name: sum(_node_cost(inner, types, scalars, defaults, notes) for inner in body.node)
+        for name, body in bodies.items()
+    }
+    if node.op_type == "If":
+        return max(costs.values())
+    if node.op_type == "Loop":
+        trips = scalars.get(node.input[0]) if node.input and node.input[0] else None
+        if trips is None:
+            notes.append(f"Loop {node.name!r}: trip count unknown, body counted once")
+            trips = 1
+        return costs.get("body", 0.0) * trips
+    if node.op_type == "Scan":
+        length = _scan_length(node, types)
+        if length is None:
+            notes.append(f"Scan {node.name!r}: sequence length unknown, body counted once")
+            length = 1
+        return costs.get("body", 0.0) * length
+    return sum(costs.values())
+
+
+def scalar_constants(graph: onnx.GraphProto) -> dict[str, int]:
+    """Inline integer scalars (Loop trip counts): the only weight values the engine ever reads."""
+    found: dict[str, int] = {}
+    tensors = [(t.name, t) for t in graph.initializer]
+    tensors += [
+        (node.output[0], a.t)
+        for node in graph.node
+        if node.op_type == "Constant" and node.output
+        for a in node.attribute
+        if a.type == onnx.AttributeProto.TENSOR
+    ]
+    for name, tensor in tensors:
+        if (
+            int(np.prod(tensor.dims)) == 1
+            and tensor.data_location != onnx.TensorProto.EXTERNAL
+            and tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+        ):
+            found[name] = int(onnx.numpy_helper.to_array(tensor).reshape(()))
+    return found
+
+
+def _scan_length(node: onnx.NodeProto, types: Mapping[str, TensorType]) -> int | None:
+    num_scan = next((a.i for a in node.attribute if a.name == "num_scan_inputs"), 0)
+    if num_scan <= 0:
+        return None
+    axes = next((list(a.ints) for a in node.attribute if a.name == "scan_input_axes"), [])
+    state = len(node.input) - num_scan
+    shape = _shape(types, node.input[state])
+    if shape is None:
+        return None
+    axis = axes[0] if axes else 0
+    return shape[axis] if -len(shape) <= axis < len(shape) else None

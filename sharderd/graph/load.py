@@ -1,0 +1,162 @@
+"""Read an ONNX model without its weights, and refuse external data that points anywhere unsafe.
+
+Weights stay on disk: ``load_external_data=False`` semantics, sizes come from dims × dtype, and
+external files are only ``stat``-ed, so a 6 GB model plans in a few hundred MB of memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from sharderd.errors import ModelInvalidError
+from sharderd.graph.tensors import all_tensors, tensor_nbytes
+
+__all__ = ["ExternalFile", "LoadedModel", "load_model", "parse_model_bytes"]
+
+_MAX_MODEL_FILE = 2**31  # protobuf's own limit; bigger weights must be external
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalFile:
+    location: str
+    """As written in the model, relative to its folder."""
+    size: int
+    tensors: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    path: Path
+    model: onnx.ModelProto
+    """The model proto; external tensors keep their references, no weight bytes loaded."""
+    sha256: str
+    """Of the .onnx file itself (external files are identified by name and size)."""
+    file_bytes: int
+    external_files: tuple[ExternalFile, ...]
+    external_bytes: int
+    """Bytes of weights held in external files (from dims × dtype)."""
+
+
+def load_model(path: Path) -> LoadedModel:
+    """Load ``path``; every failure is a ``ModelInvalidError`` naming the file and the cause."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ModelInvalidError(f"cannot read model {path}: {exc.strerror or exc}") from None
+    if not path.is_file():
+        raise ModelInvalidError(f"model {path} is not a regular file")
+    if st.st_size == 0:
+        raise ModelInvalidError(f"model {path} is empty (0 bytes)")
+    if st.st_size >= _MAX_MODEL_FILE:
+        raise ModelInvalidError(
+            f"model {path} is {st.st_size} bytes; ONNX protobuf files must be < 2 GiB",
+            hint="save large weights as external data (onnx.save(..., save_as_external_data=True))",
+        )
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ModelInvalidError(f"cannot read model {path}: {exc.strerror or exc}") from None
+    model = parse_model_bytes(data, str(path))
+    files = check_external_data(model, path.parent)
+    external_bytes = sum(
+        tensor_nbytes(t) for _, t in all_tensors(model.graph) if t.data_location == onnx.TensorProto.EXTERNAL
+    )
+    return LoadedModel(
+        path=path,
+        model=model,
+        sha256=hashlib.sha256(data).hexdigest(),
+        file_bytes=len(data),
+        external_files=files,
+        external_bytes=external_bytes,
+    )
+
+
+def parse_model_bytes(data: bytes, where: str) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelInvalidError(
+            f"{where} is not an ONNX model: the protobuf does not parse ({exc or 'truncated or corrupt'})"
+        ) from None
+    if not model.HasField("graph") or model.ir_version <= 0 or not model.opset_import:
+        raise ModelInvalidError(
+            f"{where} is not an ONNX model: it parses, but has no graph, IR version or opset imports"
+        )
+    return model
+
+
+def check_external_data(model: onnx.ModelProto, base: Path) -> tuple[ExternalFile, ...]:
+    """Check every external reference stays inside ``base`` and the bytes are there.
+
+    Only ``stat`` is used: nothing is read. Symlinks are resolved, so a link pointing out of the
+    model folder is refused like an absolute path or a ``..`` would be.
+    """
+    root = Path(os.path.realpath(base))
+    files: dict[str, tuple[int, int]] = {}
+    for owner, tensor in all_tensors(model.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        location = info.get("location", "")
+        name = tensor.name or owner
+        if not location:
+            raise ModelInvalidError(f"tensor {name!r} is marked external but has no location")
+        _check_location(name, location, root)
+        target = root / location
+        try:
+            st = target.stat()
+        except OSError as exc:
+            raise ModelInvalidError(
+                f"external data of tensor {name!r} is missing: {location!r} ({exc.strerror or exc})",
+                hint="move the model together with its data files (a folder job in the daemon)",
+            ) from None
+        if not target.is_file():
+            raise ModelInvalidError(f"external data of tensor {name!r} ({location!r}) is not a regular file")
+        try:
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
+            raise ModelInvalidError(f"tensor {name!r}: external offset/length are not integers") from None
+        need = tensor_nbytes(tensor)
+        if offset < 0 or (length is not None and length < 0):
+            raise ModelInvalidError(f"tensor {name!r}: negative external offset or length")
+        if length is not None and length < need:
+            raise ModelInvalidError(
+                f"tensor {name!r}: external length {length} is smaller than its {need} bytes (dims × dtype)"
+            )
+        end = offset + (length if length is not None else need)
+        if end > st.st_size:
+            raise ModelInvalidError(
+                f"external data of tensor {name!r} is short: {location!r} has {st.st_size} bytes, "
+                f"the tensor needs bytes {offset}..{end}"
+            )
+        size, count = files.get(location, (st.st_size, 0))
+        files[location] = (size, count + 1)
+    return tuple(ExternalFile(loc, size, count) for loc, (size, count) in sorted(files.items()))
+
+
+def _check_location(name: str, location: str, root: Path) -> None:
+    pure = PurePosixPath(location.replace("\\", "/"))
+    if pure.is_absolute() or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":"):
+        raise ModelInvalidError(
+            f"tensor {name!r}: external data location {location!r} is absolute; it must be relative "
+            "to the model's folder"
+        )
+    if ".." in pure.parts:
+        raise ModelInvalidError(
+            f"tensor {name!r}: external data location {location!r} contains '..'; it must stay inside "
+            "the model's folder"
+        )
+    resolved = Path(os.path.realpath(root / location))
+    if resolved != root and root not in resolved.parents:
+        raise ModelInvalidError(
+            f"tensor {name!r}: external data location {location!r} resolves to {resolved}, outside "
+            f"the model's folder {root} (a symlink?)"
+        )

@@ -1,0 +1,1 @@
+"""Plan pipeline stages: orders, per-position costs, the exact min-max partitioner."""

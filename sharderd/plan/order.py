@@ -1,0 +1,100 @@
+"""Candidate topological orders. The partitioner is exact on one order; the order decides how
+cheap the cuts can be, so a few orders are tried and the best plan wins.
+
+- ``file``: the model's own order (exporters emit layers in sequence; usually good).
+- ``depth_first``: finish a branch before starting the next, so fewer tensors stay live
+  across a cut (skip connections, parallel attention heads, Inception-style branches).
+
+Both keep constant-only work (``Constant``, shape arithmetic on initializers) next to its first
+consumer, so a model whose constants sit at the top does not drag them across every cut.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sharderd.graph.dataflow import Dataflow
+
+__all__ = ["ORDER_NAMES", "candidate_orders", "constant_only_nodes", "depth_first_order"]
+
+ORDER_NAMES = ("file", "depth_first")
+
+
+def constant_only_nodes(flow: Dataflow, base: np.ndarray) -> np.ndarray:
+    """bool [N]: nodes that read no graph input, directly or through other nodes."""
+    const = np.zeros(flow.num_nodes, dtype=bool)
+    producer = flow.producer
+    for node in base.tolist():
+        inputs = flow.inputs(node)
+        const[node] = all(producer[t] >= 0 and const[producer[t]] for t in inputs.tolist())
+    return const
+
+
+def _sink_constants(flow: Dataflow, base: np.ndarray) -> np.ndarray:
+    """Emit constant-only nodes lazily, right before the first node that needs them."""
+    const = constant_only_nodes(flow, base)
+    if not const.any():
+        return base
+    emitted = np.zeros(flow.num_nodes, dtype=bool)
+    producer = flow.producer
+    out: list[int] = []
+
+    def emit_constant_ancestors(node: int) -> None:
+        stack = [(node, False)]
+        while stack:
+            current, expanded = stack.pop()
+            if expanded:
+                if not emitted[current]:
+                    emitted[current] = True
+                    out.append(current)
+                continue
+            stack.append((current, True))
+            for t in flow.inputs(current).tolist():
+                p = int(producer[t])
+                if p >= 0 and const[p] and not emitted[p]:
+                    stack.append((p, False))
+
+    has_consumer = np.zeros(flow.num_nodes, dtype=bool)
+    for node in range(flow.num_nodes):
+        outs = flow.outputs(node)
+        has_consumer[node] = any(flow.cons_ptr[t + 1] > flow.cons_ptr[t] for t in outs.tolist())
+    for node in base.tolist():
+        if emitted[node]:
+            continue
+        if const[node] and has_consumer[node]:
+            continue
+        emit_constant_ancestors(node)
+    return np.asarray(out, dtype=np.int64)
+
+
+def depth_first_order(flow: Dataflow) -> np.ndarray:
+    """Kahn's algorithm with a stack: the consumers a node just made ready run next."""
+    n = flow.num_nodes
+    producer = flow.producer
+    indegree = np.zeros(n, dtype=np.int64)
+    for node in range(n):
+        indegree[node] = sum(1 for t in flow.inputs(node).tolist() if producer[t] >= 0)
+    stack = [int(x) for x in np.flatnonzero(indegree == 0)[::-1]]
+    order: list[int] = []
+    remaining = indegree.tolist()
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        ready: list[int] = []
+        for t in flow.outputs(node).tolist():
+            for c in flow.consumers(t).tolist():
+                remaining[c] -= 1
+                if remaining[c] == 0:
+                    ready.append(c)
+        stack.extend(sorted(ready, reverse=True))
+    return np.asarray(order, dtype=np.int64)
+
+
+def candidate_orders(flow: Dataflow) -> dict[str, np.ndarray]:
+    """The orders to plan on, deduplicated (a chain has only one)."""
+    orders: dict[str, np.ndarray] = {}
+    for name, base in (("file", flow.topo_order), ("depth_first", depth_first_order(flow))):
+        order = _sink_constants(flow, base)
+        if not any(np.array_equal(order, seen) for seen in orders.values()):
+            orders[name] = order
+    return orders

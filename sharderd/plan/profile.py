@@ -1,0 +1,144 @@
+"""Costs laid out along one topological order, ready for interval queries.
+
+For the cut ``c`` between positions ``c-1`` and ``c``, ``cut_bytes[c]`` is every tensor produced
+before ``c`` and read at or after ``c``. In a PopART pipeline such a tensor is copied across that
+cut (copies to a later stage are chained through the stages in between), so the stage on each side
+pays for it: the sender's and receiver's exchange time, and live memory on every stage it passes.
+A graph input is streamed from the host to the stage of its first reader and copied on from there,
+as the annotation routes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sharderd.graph.analyze import Analysis
+from sharderd.target import Target
+
+__all__ = ["OrderedCosts", "ordered_costs"]
+
+
+@dataclass(frozen=True, slots=True)
+class OrderedCosts:
+    order: np.ndarray
+    """int64 [n]: node at each position."""
+    node_time: np.ndarray
+    """float64 [n]: compute + per-op overhead + host I/O of the node at each position, seconds."""
+    prefix_time: np.ndarray
+    """float64 [n+1]: cumulative ``node_time``."""
+    cut_bytes: np.ndarray
+    """int64 [n+1]: bytes crossing each cut; 0 at both ends."""
+    live_bytes: np.ndarray
+    """int64 [n]: bytes live while the node at each position runs (its inputs included)."""
+    flops: np.ndarray
+    """float64 [n]."""
+    costed: np.ndarray
+    """bool [n]: the node has FLOPs or weights (a stage of only free nodes is no work)."""
+    w_ptr: np.ndarray
+    w_idx: np.ndarray
+    """CSR over positions: weight ids each node needs."""
+    weight_bytes: np.ndarray
+    code_bytes_per_node: int
+    link_bytes_per_s: float
+    producer_pos: np.ndarray
+    """int64 [T]: position where each tensor appears (first reader for graph inputs; -1 unused)."""
+    last_pos: np.ndarray
+    """int64 [T]: last position that reads it (== producer_pos when nobody does)."""
+
+    @property
+    def n(self) -> int:
+        return len(self.order)
+
+    def stage_time(self, i: int, j: int) -> float:
+        return float(self.prefix_time[j] - self.prefix_time[i] + (self.cut_bytes[i] + self.cut_bytes[j]) / self.link_bytes_per_s)
+
+    def stage_weights(self, i: int, j: int) -> int:
+        ids = np.unique(self.w_idx[self.w_ptr[i] : self.w_ptr[j]])
+        return int(self.weight_bytes[ids].sum())
+
+    def stage_memory(self, i: int, j: int) -> tuple[int, int, int]:
+        """(weights, peak live activations, code) of positions [i, j)."""
+        return (
+            self.stage_weights(i, j),
+            int(self.live_bytes[i:j].max()) if j > i else 0,
+            self.code_bytes_per_node * (j - i),
+        )
+
+
+def ordered_costs(analysis: Analysis, target: Target, order: np.ndarray) -> OrderedCosts:
+    flow, costs = analysis.flow, analysis.costs
+    n = flow.num_nodes
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(n, dtype=np.int64)
+
+    num_t = flow.num_tensors
+    counts = np.diff(flow.cons_ptr)
+    has_readers = counts > 0
+    reader_pos = pos[flow.cons_idx] if len(flow.cons_idx) else np.zeros(0, dtype=np.int64)
+    first = np.full(num_t, -1, dtype=np.int64)
+    last = np.full(num_t, -1, dtype=np.int64)
+    if has_readers.any():
+        starts = flow.cons_ptr[:-1][has_readers]
+        first[has_readers] = np.minimum.reduceat(reader_pos, starts)
+        last[has_readers] = np.maximum.reduceat(reader_pos, starts)
+
+    is_input = flow.producer < 0
+    produced_at = np.where(is_input, first, pos[np.maximum(flow.producer, 0)])
+    last = np.where(has_readers, last, produced_at)
+    tbytes = costs.tensor_bytes
+
+    crossing = (produced_at >= 0) & (last > produced_at)
+    diff = np.zeros(n + 2, dtype=np.int64)
+    np.add.at(diff, produced_at[crossing] + 1, tbytes[crossing])
+    np.add.at(diff, last[crossing] + 1, -tbytes[crossing])
+    cut = np.cumsum(diff)[: n + 1]
+
+    out_bytes = np.zeros(n, dtype=np.int64)
+    node_of_out = np.repeat(np.arange(n), np.diff(flow.out_ptr))
+    np.add.at(out_bytes, pos[node_of_out], tbytes[flow.out_idx])
+    host_in = np.zeros(n, dtype=np.int64)
+    streamed = is_input & has_readers
+    np.add.at(host_in, first[streamed], tbytes[streamed])
+    host_out = np.zeros(n, dtype=np.int64)
+    outs = flow.is_graph_output & ~is_input
+    np.add.at(host_out, produced_at[outs], tbytes[outs])
+
+    live = cut[:n] + out_bytes + host_in
+    flops = costs.flops[order]
+    node_time = (
+        flops / target.effective_flops_per_s
+        + target.op_overhead_s
+        + (host_in + host_out) / target.host_bytes_per_s
+    )
+    prefix = np.zeros(n + 1, dtype=np.float64)
+    np.cumsum(node_time, out=prefix[1:])
+
+    w_counts = np.diff(flow.nw_ptr)[order]
+    w_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(w_counts, out=w_ptr[1:])
+    if len(flow.nw_idx):
+        starts = flow.nw_ptr[order]
+        gather = np.repeat(starts - w_ptr[:-1], w_counts) + np.arange(int(w_ptr[-1]))
+        w_idx = flow.nw_idx[gather]
+    else:
+        w_idx = np.zeros(0, dtype=np.int64)
+    has_weights = w_counts > 0
+    costed = (flops > 0) | has_weights
+    return OrderedCosts(
+        order=order,
+        node_time=node_time,
+        prefix_time=prefix,
+        cut_bytes=cut,
+        live_bytes=live,
+        flops=flops,
+        costed=costed,
+        w_ptr=w_ptr,
+        w_idx=w_idx,
+        weight_bytes=flow.weight_bytes,
+        code_bytes_per_node=target.code_bytes_per_node,
+        link_bytes_per_s=target.link_bytes_per_s,
+        producer_pos=produced_at,
+        last_pos=last,
+    )

@@ -1,0 +1,86 @@
+"""The plan as values: what each device runs and what it is predicted to cost."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["CutTensor", "Plan", "StageCost"]
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    index: int
+    """Stage number == device (``__pipeline_stage`` == ``__ipu_number``)."""
+    start: int
+    stop: int
+    """Positions [start, stop) in the plan's order."""
+    num_nodes: int
+    first_node: str
+    last_node: str
+    flops: float
+    weight_bytes: int
+    activation_bytes: int
+    """Peak bytes live at once, the tensors received and held for sending included."""
+    code_bytes: int
+    recv_bytes: int
+    send_bytes: int
+    memory_bytes: int
+    """weights + activations + code, as predicted."""
+    budget_bytes: int
+    """What the planner allowed: capacity / (safety margin × correction)."""
+    capacity_bytes: int
+    compute_s: float
+    comm_s: float
+    time_s: float
+
+    @property
+    def memory_fraction(self) -> float:
+        return self.memory_bytes / self.capacity_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CutTensor:
+    cut: int
+    """Between stage ``cut - 1`` and stage ``cut``."""
+    name: str
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    devices: int
+    order_name: str
+    order: np.ndarray
+    """Node indices (file order) in planned order."""
+    bounds: tuple[int, ...]
+    """Stage s covers order positions [bounds[s], bounds[s+1])."""
+    assignment: np.ndarray
+    """int64 [N]: stage of each node, by file index."""
+    stages: tuple[StageCost, ...]
+    cut_tensors: tuple[CutTensor, ...]
+    bottleneck_s: float
+    lower_bound_s: float
+    safety_margin: float
+    memory_scale: tuple[float, ...]
+    """Per-device correction of predicted memory (1.0 until a compile says otherwise)."""
+    orders_tried: Mapping[str, float | None] = field(default_factory=dict)
+    """Bottleneck per candidate order (None: did not fit)."""
+    timings_s: Mapping[str, float] = field(default_factory=dict)
+    probes: int = 0
+
+    @property
+    def ratio_to_bound(self) -> float:
+        return self.bottleneck_s / self.lower_bound_s if self.lower_bound_s > 0 else 1.0
+
+    @property
+    def digest(self) -> str:
+        """Identifies the split itself: two plans with the same digest compile identically."""
+        return hashlib.sha256(self.assignment.astype(np.int64).tobytes()).hexdigest()[:16]
+
+    @property
+    def slowest_stage(self) -> int:
+        return max(range(len(self.stages)), key=lambda s: self.stages[s].time_s)

@@ -1,0 +1,1 @@
+"""report.json (versioned schema) and report.md for people."""

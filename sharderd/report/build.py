@@ -1,0 +1,120 @@
+"""Assemble ``report.json``: plain data, versioned, the single source the Markdown and HTML
+renderings and other tools read."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import onnx
+
+from sharderd import __version__
+from sharderd.graph.analyze import Analysis
+from sharderd.plan.types import Plan
+from sharderd.shard.annotate import RoutedInput
+from sharderd.target import Target
+
+__all__ = ["SCHEMA", "model_facts", "plan_section", "report_dict"]
+
+SCHEMA = "sharderd.report/1"
+
+
+def _value_info(value: onnx.ValueInfoProto) -> dict[str, Any]:
+    tt = value.type.tensor_type
+    dims: list[int | str] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
+    return {
+        "name": value.name,
+        "dtype": onnx.helper.tensor_dtype_to_string(tt.elem_type) if tt.elem_type else "unknown",
+        "shape": dims,
+    }
+
+
+def model_facts(analysis: Analysis) -> dict[str, Any]:
+    model = analysis.model
+    loaded = analysis.loaded
+    initializers = {t.name for t in model.graph.initializer}
+    return {
+        "path": str(loaded.path),
+        "name": loaded.path.name,
+        "sha256": loaded.sha256,
+        "file_bytes": loaded.file_bytes,
+        "ir_version": model.ir_version,
+        "opsets": {o.domain or "ai.onnx": o.version for o in model.opset_import},
+        "producer": f"{model.producer_name} {model.producer_version}".strip(),
+        "nodes": analysis.flow.num_nodes,
+        "inputs": [_value_info(v) for v in model.graph.input if v.name not in initializers],
+        "outputs": [_value_info(v) for v in model.graph.output],
+        "weight_bytes": analysis.total_weight_bytes,
+        "external_bytes": loaded.external_bytes,
+        "external_files": [asdict(f) for f in loaded.external_files],
+        "flops": analysis.total_flops,
+        "renamed_nodes": analysis.renamed_nodes,
+        "resolved_dims": dict(analysis.shapes.resolved_dims),
+        "unresolved_dims": list(analysis.shapes.unresolved_dims),
+        "unknown_size_tensors": len(analysis.costs.unknown_tensors),
+    }
+
+
+def plan_section(plan: Plan, batch_size: int, routed: Sequence[RoutedInput] = ()) -> dict[str, Any]:
+    cuts: dict[int, list[dict[str, Any]]] = {}
+    for ct in plan.cut_tensors:
+        cuts.setdefault(ct.cut, []).append({"name": ct.name, "bytes": ct.bytes})
+    return {
+        "devices": plan.devices,
+        "digest": plan.digest,
+        "order": plan.order_name,
+        "orders_tried": dict(plan.orders_tried),
+        "bottleneck_s": plan.bottleneck_s,
+        "lower_bound_s": plan.lower_bound_s,
+        "ratio_to_bound": plan.ratio_to_bound,
+        "predicted_throughput_per_s": batch_size / plan.bottleneck_s if plan.bottleneck_s > 0 else None,
+        "safety_margin": plan.safety_margin,
+        "memory_scale": list(plan.memory_scale),
+        "slowest_stage": plan.slowest_stage,
+        "stages": [asdict(s) for s in plan.stages],
+        "cuts": [
+            {"cut": c, "bytes": sum(t["bytes"] for t in tensors), "tensors": tensors}
+            for c, tensors in sorted(cuts.items())
+        ],
+        "routed_inputs": [asdict(r) for r in routed],
+        "planner": {"probes": plan.probes, "timings_s": dict(plan.timings_s)},
+    }
+
+
+def report_dict(
+    *,
+    analysis: Analysis,
+    target: Target,
+    plan: Plan | None,
+    batch_size: int,
+    status: str,
+    routed: Sequence[RoutedInput] = (),
+    backend: str = "none",
+    attempts: Sequence[Mapping[str, Any]] = (),
+    outputs: Mapping[str, Any] | None = None,
+    timings_s: Mapping[str, float] | None = None,
+    error: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``status``: ``not_compiled`` (backend none), ``compiled``, ``failed`` or ``does_not_fit``."""
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "sharderd_version": __version__,
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "status": status,
+        "backend": backend,
+        "model": model_facts(analysis),
+        "target": asdict(target),
+        "batch_size": batch_size,
+        "plan": None if plan is None else plan_section(plan, batch_size, routed),
+        "attempts": list(attempts),
+        "outputs": dict(outputs or {}),
+        "timings_s": dict(timings_s or {}),
+        "warnings": list(analysis.warnings),
+        "error": None if error is None else dict(error),
+    }
+    if extra:
+        report.update(extra)
+    return report

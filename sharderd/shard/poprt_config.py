@@ -1,0 +1,26 @@
+"""The PopRT ``--manual_sharding_config`` YAML equivalent of a plan.
+
+PopRT's Sharder assigns each listed node and its unassigned ancestors to the node's device and
+stage. Listing every node in topological order makes that reproduce the plan exactly, whatever
+order PopRT sorts the points in. Names are written as JSON strings, which YAML reads verbatim.
+"""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+
+from sharderd.shard.annotate import read_annotation
+
+__all__ = ["manual_sharding_yaml"]
+
+
+def manual_sharding_yaml(model: onnx.ModelProto) -> str:
+    """A YAML list of ``{node, device, stage}`` for every top-level node of an annotated model."""
+    lines = ["# sharderd: PopRT --manual_sharding_config for the annotated model", ""]
+    for name, (device, stage) in read_annotation(model).items():
+        lines.append(f"- node: {json.dumps(name, ensure_ascii=False)}")
+        lines.append(f"  device: {device}")
+        lines.append(f"  stage: {stage}")
+    return "\n".join(lines) + "\n"

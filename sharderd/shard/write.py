@@ -1,0 +1,54 @@
+"""Write an annotated model next to a copy of its external data, without loading the weights."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import onnx
+
+from sharderd.graph.load import ExternalFile
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "copy_external_data", "write_model"]
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Readers never see a partial file under ``path``: write a temp file, fsync, rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def copy_external_data(files: tuple[ExternalFile, ...], src_dir: Path, out_dir: Path) -> list[Path]:
+    """Copy each external file to the same relative location under ``out_dir``.
+
+    ``shutil.copyfile`` uses the kernel's copy (sendfile/copy_file_range) and keeps sparse files
+    cheap on filesystems that support it; nothing passes through Python memory.
+    """
+    written = []
+    for ext in files:
+        src = src_dir / ext.location
+        dst = out_dir / ext.location
+        if src.resolve() == dst.resolve():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.tmp")
+        shutil.copyfile(src, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        tmp.replace(dst)
+        written.append(dst)
+    return written
+
+
+def write_model(model: onnx.ModelProto, path: Path) -> None:
+    """Serialise the proto as it is: external tensors keep their (relative) references."""
+    atomic_write_bytes(path, model.SerializeToString())

@@ -1,0 +1,119 @@
+"""Device descriptions the planner plans for.
+
+A target says how much memory one device has, how fast it computes and how fast tensors move
+between devices and to the host. Built-ins cover Graphcore IPUs (numbers from Graphcore's
+datasheets and Poplar's out-of-memory texts, see ``../shared/reference/poprt-facts.md`` §5) and a
+generic CPU for the onnxruntime backend. Custom targets come from ``[targets.<name>]`` in
+``sharderd.toml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+__all__ = ["BUILTIN_TARGETS", "Target"]
+
+DeviceKind = Literal["ipu", "gpu", "cpu"]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One accelerator, as the cost model sees it."""
+
+    name: str
+    kind: DeviceKind
+    """Which runtime family compiles for it (``ipu`` → poprt, else onnxruntime)."""
+    memory_bytes: int
+    """Usable memory of one device (all tiles for an IPU)."""
+    flops_per_s: float
+    """Peak FLOP/s at the model's precision."""
+    link_bytes_per_s: float
+    """Device-to-device bandwidth between neighbouring pipeline stages."""
+    host_bytes_per_s: float
+    """Host-to-device bandwidth for graph inputs and outputs."""
+    tiles: int = 0
+    """Tiles per device (0: not a tiled device). Poplar names a global tile on OOM."""
+    bytes_per_tile: int = 0
+    efficiency: float = 0.4
+    """Fraction of peak FLOP/s a real model reaches; scales compute time, not balance."""
+    code_bytes_per_node: int = 0
+    """Code/exchange/control memory one ONNX node costs on the device (a prior; OOM feedback corrects it)."""
+    op_overhead_s: float = 0.0
+    """Fixed time per node (sync, launch), so thousands of tiny ops are not free."""
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes <= 0:
+            raise ValueError(f"target {self.name}: memory_bytes must be > 0")
+        if self.flops_per_s <= 0 or self.link_bytes_per_s <= 0 or self.host_bytes_per_s <= 0:
+            raise ValueError(f"target {self.name}: flops_per_s and bandwidths must be > 0")
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"target {self.name}: efficiency must be in (0, 1]")
+        if self.tiles < 0 or self.bytes_per_tile < 0:
+            raise ValueError(f"target {self.name}: tiles and bytes_per_tile must be >= 0")
+
+    @property
+    def effective_flops_per_s(self) -> float:
+        return self.flops_per_s * self.efficiency
+
+    def tile_to_device(self, global_tile: int) -> int:
+        """Poplar numbers tiles across all IPUs of a multi-IPU target: IPU i owns [i*T, (i+1)*T)."""
+        if self.tiles <= 0:
+            raise ValueError(f"target {self.name} has no tiles")
+        return global_tile // self.tiles
+
+    def with_memory(self, memory_bytes: int) -> Target:
+        return replace(self, memory_bytes=memory_bytes)
+
+
+_MK2_TILES = 1472
+_MK2_TILE_BYTES = 638_976
+
+BUILTIN_TARGETS: dict[str, Target] = {
+    "ipu-mk2": Target(
+        name="ipu-mk2",
+        kind="ipu",
+        memory_bytes=_MK2_TILES * _MK2_TILE_BYTES,
+        tiles=_MK2_TILES,
+        bytes_per_tile=_MK2_TILE_BYTES,
+        flops_per_s=250e12,
+        link_bytes_per_s=64e9,
+        host_bytes_per_s=16e9,
+        code_bytes_per_node=64 * 1024,
+        op_overhead_s=1e-6,
+    ),
+    "ipu-bow": Target(
+        name="ipu-bow",
+        kind="ipu",
+        memory_bytes=_MK2_TILES * _MK2_TILE_BYTES,
+        tiles=_MK2_TILES,
+        bytes_per_tile=_MK2_TILE_BYTES,
+        flops_per_s=350e12,
+        link_bytes_per_s=64e9,
+        host_bytes_per_s=16e9,
+        code_bytes_per_node=64 * 1024,
+        op_overhead_s=0.75e-6,
+    ),
+    "ipu-mk1": Target(
+        name="ipu-mk1",
+        kind="ipu",
+        memory_bytes=1216 * 256 * 1024,
+        tiles=1216,
+        bytes_per_tile=256 * 1024,
+        flops_per_s=124.5e12,
+        link_bytes_per_s=40e9,
+        host_bytes_per_s=16e9,
+        code_bytes_per_node=48 * 1024,
+        op_overhead_s=1.5e-6,
+    ),
+    "cpu": Target(
+        name="cpu",
+        kind="cpu",
+        memory_bytes=8 * 1024**3,
+        flops_per_s=50e9,
+        link_bytes_per_s=10e9,
+        host_bytes_per_s=10e9,
+        efficiency=1.0,
+        op_overhead_s=5e-6,
+    ),
+}

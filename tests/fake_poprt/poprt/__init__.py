@@ -1,0 +1,35 @@
+"""A fake of Graphcore's ``poprt`` (PopRT 1.5 API) for tests; put ``tests/fake_poprt`` on PYTHONPATH.
+
+Modules and names follow ``/work/shared/reference/poprt-facts.md``: ``compiler`` (``Compiler``,
+``CompilerOptions``), ``converter`` (``Sharder``), ``runtime`` (``DeviceManager``, ``Runner``,
+``RuntimeConfig``) and ``profile`` (``Profiler``). Compiles check PopART's rules with PopART's
+texts, then apply a memory truth of their own; failures are ``RuntimeError``.
+
+Environment knobs, read at every compile:
+
+- ``FAKE_POPRT_TILES``: tiles per IPU (default 1472). The OOM text names global tile
+  ``ipu * tiles + local``.
+- ``FAKE_POPRT_TILE_BYTES``: bytes per tile (default 638976).
+- ``FAKE_POPRT_TRUTH``: JSON overriding fields of ``compiler.Truth`` (``imbalance``,
+  ``tile_overhead``, ``weight_factor``, ``activation_factor``, ``temp_factor``,
+  ``scratch_factor``, ``exchange_factor``, ``stream_factor``, ``code_default``, ``code_bytes``
+  merged by op type), e.g. ``{"weight_factor": 40}`` to make the truth harsher.
+- ``FAKE_POPRT_MODE``: ``normal`` (default); ``variables``, ``code``, ``exchange``, ``stream``:
+  every valid compile fails with that out-of-memory text on the fullest IPU; ``segfault``:
+  the process kills itself with SIGSEGV; ``hang``: it blocks until a signal ends it;
+  ``unknown_error``: a ``RuntimeError`` no parser knows. Validation errors come first.
+- ``FAKE_POPRT_COMPILE_SECONDS``: simulated compile time (default 0).
+- ``FAKE_POPRT_LOG``: append one JSON line per compile call (options, the
+  ``POPLAR_ENGINE_OPTIONS`` it saw, per-IPU worst-tile bytes, result and error text).
+
+As in Poplar, ``POPLAR_ENGINE_OPTIONS`` with ``debug.allowOutOfMemory`` (or ``autoReport.all``)
+turns a real out-of-memory into the numberless "Cannot fit all variable data" text.
+The runtime's hardware is ``ipu2``.
+"""
+
+from __future__ import annotations
+
+from poprt import compiler, converter, profile, runtime
+
+__all__ = ["compiler", "converter", "profile", "runtime"]
+__version__ = "1.5.0"
