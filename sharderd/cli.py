@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from sharderd import __version__
 from sharderd.config import Config, load_config
-from sharderd.errors import EXIT_OK, SharderdError
+from sharderd.errors import EXIT_OK, ConfigError, SharderdError
 
 __all__ = ["main"]
 
@@ -45,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", "-o", type=Path, help="output folder (default ./<stem>.sharded/)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
+    p.add_argument("--backend", "-b", choices=["auto", "poprt", "onnxruntime", "none"], help="prove the plan with this backend (default: search.backend, auto)")
+    p.add_argument("--optimal-perf", action="store_true", help="after the first success, compile and benchmark plans that may be faster")
+    p.add_argument("--max-attempts", type=int, help="compile attempts at most (default: search.max_attempts)")
+    p.add_argument("--parallel", type=int, help="attempts at once (default: search.parallel)")
+    p.add_argument("--attempt-timeout", type=float, help="seconds per attempt (default: search.attempt_timeout)")
 
     p = sub.add_parser("example-model", help="write a model generated locally (no download)")
     p.add_argument("kind", nargs="?", default="transformer", help="transformer, cnn, shared_weights, with_if, multi_io, chain")
@@ -71,7 +76,7 @@ def _config(args: argparse.Namespace) -> Config:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from sharderd.engine import analyze_file, make_plan
-    from sharderd.report.build import report_dict
+    from sharderd.report.build import model_facts, plan_section, report_dict
     from sharderd.report.markdown import render_markdown
 
     config = _config(args)
@@ -79,54 +84,85 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     analysis = analyze_file(args.model, config.plan)
     plan = make_plan(analysis, target, args.devices, config.plan)
     report = report_dict(
-        analysis=analysis, target=target, plan=plan, batch_size=config.plan.batch_size, status="planned"
+        model=model_facts(analysis),
+        warnings=analysis.warnings,
+        target=target,
+        plan=plan_section(plan, config.plan.batch_size),
+        batch_size=config.plan.batch_size,
+        status="planned",
     )
-    print(json.dumps(report, indent=1) if args.json else render_markdown(report), end="" if not args.json else "\n")
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(render_markdown(report), end="")
     return EXIT_OK
 
 
+def _progress(args: argparse.Namespace) -> Callable[[str, Mapping[str, Any]], None]:
+    """Plain progress lines on stderr (stdout stays the report); silent with --quiet/--json."""
+
+    def emit(event: str, fields: Mapping[str, Any]) -> None:
+        if args.quiet or args.json:
+            return
+        shown = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, "", [], {}))
+        print(f"[{event}] {shown}", file=sys.stderr)
+
+    return emit
+
+
 def _cmd_shard(args: argparse.Namespace) -> int:
-    from sharderd.engine import analyze_file, make_plan, write_shard_files
-    from sharderd.report.build import report_dict
+    import tempfile
+
+    import anyio
+
+    from sharderd.backends.pool import AttemptPool
+    from sharderd.pipeline.job import JobFailed, JobSpec, shard_job, write_report
     from sharderd.report.markdown import render_markdown
-    from sharderd.shard.write import atomic_write_text
 
     config = _config(args)
-    target = config.target(args.target)
+    if args.parallel is not None and args.parallel < 1:
+        raise ConfigError(f"--parallel must be >= 1, got {args.parallel}")
+    if args.max_attempts is not None and args.max_attempts < 1:
+        raise ConfigError(f"--max-attempts must be >= 1, got {args.max_attempts}")
     stem = args.model.name.removesuffix(".onnx")
     out_dir = args.out or Path(f"{stem}.sharded")
-    analysis = analyze_file(args.model, config.plan)
-    plan = make_plan(analysis, target, args.devices, config.plan)
-    files = write_shard_files(analysis, plan, out_dir, stem)
-    report = report_dict(
-        analysis=analysis,
-        target=target,
-        plan=plan,
-        batch_size=config.plan.batch_size,
-        status="not_compiled",
-        routed=files.routed,
-        outputs={
-            "model": files.model.name,
-            "sharding_config": files.sharding_yaml.name,
-            "external_data": [str(p.relative_to(out_dir)) for p in files.external],
-            "report_json": "report.json",
-            "report_md": "report.md",
-        },
+    spec = JobSpec(
+        model=args.model,
+        out_dir=out_dir,
+        stem=stem,
+        devices=args.devices,
+        config=config,
+        target=args.target,
+        backend=args.backend or config.search.backend,
+        optimal_perf=args.optimal_perf or config.search.optimal_perf,
+        max_attempts=args.max_attempts,
+        parallel=args.parallel,
+        attempt_timeout=args.attempt_timeout,
     )
-    atomic_write_text(out_dir / "report.json", json.dumps(report, indent=1) + "\n")
-    markdown = render_markdown(report)
-    atomic_write_text(out_dir / "report.md", markdown)
+    pool = AttemptPool(args.parallel or config.search.parallel)
+    emit = _progress(args)
+    with tempfile.TemporaryDirectory(prefix="sharderd-attempts-") as work:
+
+        async def run() -> Any:
+            return await shard_job(spec, pool=pool, workdir=Path(work), emit=emit)
+
+        try:
+            result = anyio.run(run)
+        except JobFailed as failed:
+            if failed.report is not None and failed.report.get("attempts"):
+                write_report(failed.report, out_dir)
+                print(f"sharderd: report of the failed attempts: {out_dir}/report.md", file=sys.stderr)
+            raise failed.error from None
     if args.json:
-        print(json.dumps(report, indent=1))
+        print(json.dumps(result.report, indent=1))
     elif not args.quiet:
-        print(markdown, end="")
+        print(render_markdown(result.report), end="")
         print(f"wrote {out_dir}/")
     return EXIT_OK
 
 
 def _cmd_example(args: argparse.Namespace) -> int:
     from sharderd import examples
-    from sharderd.errors import ConfigError
 
     if args.kind not in examples.EXAMPLES:
         raise ConfigError(f"unknown example {args.kind!r}; choose from {', '.join(examples.EXAMPLES)}")

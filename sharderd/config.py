@@ -300,11 +300,16 @@ def load_table(cls: type[T], table: Mapping[str, Any], where: str) -> T:
     try:
         return cls(**kwargs)
     except _KeyError as exc:
-        raise ConfigError(f"{where}: {exc.args[0]} {exc.args[1]}") from None
+        raise ConfigError(f"{where}: {exc.key} {exc.detail}") from None
 
 
-class _KeyError(ValueError):
-    """A field value out of range; carries (key, message) so the loader can add the file."""
+class _KeyError(ConfigError):
+    """A field value out of range; the loader adds the file and section to the message."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key} {message}")
+        self.key = key
+        self.detail = message
 
 
 def _check(ok: bool, key: str, message: str) -> None:

@@ -43,6 +43,7 @@ def make_plan(
     *,
     memory_scale: Sequence[float] | None = None,
     safety_margin: float | None = None,
+    orders: Sequence[str] | None = None,
 ) -> Plan:
     return plan_stages(
         analysis,
@@ -50,6 +51,7 @@ def make_plan(
         devices,
         safety_margin=config.safety_margin if safety_margin is None else safety_margin,
         memory_scale=memory_scale,
+        orders=orders,
     )
 
 
@@ -64,12 +66,16 @@ def annotated_model(analysis: Analysis, plan: Plan) -> tuple[onnx.ModelProto, tu
     return model, routed
 
 
-def write_shard_files(analysis: Analysis, plan: Plan, out_dir: Path, stem: str) -> ShardFiles:
+def write_shard_files(
+    analysis: Analysis, plan: Plan, out_dir: Path, stem: str, *, link_external: bool = False
+) -> ShardFiles:
     """Write ``<stem>.sharded.onnx`` (+ its external data) and ``<stem>.sharding.yaml``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     model, routed = annotated_model(analysis, plan)
     model_path = out_dir / f"{stem}.sharded.onnx"
-    external = copy_external_data(analysis.loaded.external_files, analysis.loaded.path.parent, out_dir)
+    external = copy_external_data(
+        analysis.loaded.external_files, analysis.loaded.path.parent, out_dir, link=link_external
+    )
     write_model(model, model_path)
     yaml_path = out_dir / f"{stem}.sharding.yaml"
     atomic_write_text(yaml_path, manual_sharding_yaml(model))

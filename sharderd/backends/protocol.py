@@ -21,6 +21,7 @@ __all__ = [
     "AttemptRequest",
     "BenchmarkResult",
     "OomInfo",
+    "OomKind",
     "Outcome",
 ]
 
@@ -95,6 +96,8 @@ class AttemptOutcome:
     signal: int | None = None
     stderr_tail: str = ""
     duration_s: float = 0.0
+    details: Mapping[str, Any] | None = None
+    """Backend-specific results as plain JSON data (e.g. onnxruntime's verification and profile)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

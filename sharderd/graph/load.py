@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -143,8 +144,10 @@ def check_external_data(model: onnx.ModelProto, base: Path) -> tuple[ExternalFil
 
 
 def _check_location(name: str, location: str, root: Path) -> None:
+    if "\0" in location:
+        raise ModelInvalidError(f"tensor {name!r}: external data location {location!r} contains a NUL byte")
     pure = PurePosixPath(location.replace("\\", "/"))
-    if pure.is_absolute() or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":"):
+    if pure.is_absolute() or location.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:[\\/]", location):
         raise ModelInvalidError(
             f"tensor {name!r}: external data location {location!r} is absolute; it must be relative "
             "to the model's folder"

@@ -45,6 +45,14 @@ def resolve_input_dims(
     resolved: dict[str, int] = {}
     unresolved: list[str] = []
     initializer_names = {t.name for t in model.graph.initializer}
+    # A name used as a leading dim anywhere is the batch: every axis with that name gets its value.
+    named = dict(dims)
+    for value in model.graph.input:
+        shape = value.type.tensor_type.shape
+        if value.name not in initializer_names and value.type.HasField("tensor_type") and shape.dim:
+            first = shape.dim[0]
+            if not first.HasField("dim_value") and first.dim_param:
+                named.setdefault(first.dim_param, batch_size)
     for value in model.graph.input:
         if value.name in initializer_names or not value.type.HasField("tensor_type"):
             continue
@@ -60,8 +68,8 @@ def resolve_input_dims(
                     )
                 continue
             param = dim.dim_param
-            if param and param in dims:
-                size = dims[param]
+            if param and param in named:
+                size = named[param]
             elif axis == 0:
                 size = batch_size
             else:

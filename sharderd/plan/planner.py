@@ -171,11 +171,13 @@ def _infeasible(
             short_bytes=int(single[worst] * factor.min() - capacity),
             min_devices=None,
         )
-    base_lo = memory_window(oc, capacity / margin)
+    # "How many devices would do" under what was learned: the typical (geometric mean) correction.
+    typical = float(np.exp(np.log(scale).mean()))
+    base_lo = memory_window(oc, capacity / (margin * typical))
     needed = _greedy_stage_count(base_lo)
     start = 0
     for s in range(devices - 1):
-        lo = memory_window(oc, capacity / factor[s]) if scale[s] != 1.0 else base_lo
+        lo = memory_window(oc, capacity / factor[s]) if scale[s] != typical else base_lo
         start = int(np.searchsorted(lo, start, side="right") - 1)
     last = devices - 1
     w, live, code = oc.stage_memory(start, oc.n)

@@ -85,12 +85,12 @@ def plan_section(plan: Plan, batch_size: int, routed: Sequence[RoutedInput] = ()
 
 def report_dict(
     *,
-    analysis: Analysis,
+    model: Mapping[str, Any],
+    warnings: Sequence[str],
     target: Target,
-    plan: Plan | None,
+    plan: Mapping[str, Any] | None,
     batch_size: int,
     status: str,
-    routed: Sequence[RoutedInput] = (),
     backend: str = "none",
     attempts: Sequence[Mapping[str, Any]] = (),
     outputs: Mapping[str, Any] | None = None,
@@ -98,21 +98,22 @@ def report_dict(
     error: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``status``: ``not_compiled`` (backend none), ``compiled``, ``failed`` or ``does_not_fit``."""
+    """``status``: ``planned``, ``not_compiled`` (backend none), ``compiled``, ``failed``,
+    ``does_not_fit``; ``plan`` is a ``plan_section``."""
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "sharderd_version": __version__,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "status": status,
         "backend": backend,
-        "model": model_facts(analysis),
+        "model": dict(model),
         "target": asdict(target),
         "batch_size": batch_size,
-        "plan": None if plan is None else plan_section(plan, batch_size, routed),
+        "plan": None if plan is None else dict(plan),
         "attempts": list(attempts),
         "outputs": dict(outputs or {}),
         "timings_s": dict(timings_s or {}),
-        "warnings": list(analysis.warnings),
+        "warnings": list(warnings),
         "error": None if error is None else dict(error),
     }
     if extra:

@@ -27,11 +27,14 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def copy_external_data(files: tuple[ExternalFile, ...], src_dir: Path, out_dir: Path) -> list[Path]:
-    """Copy each external file to the same relative location under ``out_dir``.
+def copy_external_data(
+    files: tuple[ExternalFile, ...], src_dir: Path, out_dir: Path, *, link: bool = False
+) -> list[Path]:
+    """Put each external file at the same relative location under ``out_dir``.
 
-    ``shutil.copyfile`` uses the kernel's copy (sendfile/copy_file_range) and keeps sparse files
-    cheap on filesystems that support it; nothing passes through Python memory.
+    ``link=True`` (compile attempts, which only read) hard-links, or symlinks across filesystems,
+    so a 6 GB model is not copied per attempt. Results are copied: ``shutil.copyfile`` uses the
+    kernel's copy (sendfile/copy_file_range); nothing passes through Python memory.
     """
     written = []
     for ext in files:
@@ -41,9 +44,16 @@ def copy_external_data(files: tuple[ExternalFile, ...], src_dir: Path, out_dir: 
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f".{dst.name}.tmp")
-        shutil.copyfile(src, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        tmp.unlink(missing_ok=True)
+        if link:
+            try:
+                os.link(src, tmp)
+            except OSError:
+                tmp.symlink_to(src.resolve())
+        else:
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
         tmp.replace(dst)
         written.append(dst)
     return written

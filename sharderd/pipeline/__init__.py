@@ -1,0 +1,1 @@
+"""Orchestration shared by the CLI and the daemon: plan sessions, the proving search, one job."""

@@ -1,0 +1,220 @@
+"""One sharding job, start to end: analyse, plan, prove on a backend, write the results.
+
+The CLI's ``shard`` and every daemon job run exactly this. Expected failures raise
+``SharderdError`` carrying the partial report (``JobFailed``), so the caller files it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sharderd.backends.pool import AttemptPool
+from sharderd.backends.registry import resolve_backend
+from sharderd.config import Config
+from sharderd.errors import PlanInfeasibleError, SharderdError
+from sharderd.pipeline.prove import Emit, Prover, ProveResult
+from sharderd.pipeline.session import (
+    LocalSession,
+    PlanRequest,
+    PlanService,
+    PlanSession,
+    WorkerSession,
+)
+from sharderd.report.build import report_dict
+from sharderd.report.markdown import render_markdown
+from sharderd.shard.write import atomic_write_text
+
+__all__ = ["JobFailed", "JobResult", "JobSpec", "shard_job", "write_report"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    model: Path
+    out_dir: Path
+    stem: str
+    devices: int
+    config: Config
+    target: str | None = None
+    backend: str = "auto"
+    optimal_perf: bool = False
+    max_attempts: int | None = None
+    parallel: int | None = None
+    attempt_timeout: float | None = None
+    kill_grace: float | None = None
+    job_id: str = "cli"
+    priority: int = 0
+    isolate_planning: bool = False
+    """Plan in a child process (the daemon): a huge model never blocks the event loop."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    report: dict[str, Any]
+    out_dir: Path
+    status: str
+
+
+class JobFailed(SharderdError):
+    """Wraps the job's error with the report written so far."""
+
+    def __init__(self, error: SharderdError, report: dict[str, Any] | None) -> None:
+        super().__init__(error.message, hint=error.hint)
+        self.error = error
+        self.report = report
+        self.exit_code = error.exit_code  # type: ignore[misc]
+        self.reason = error.reason  # type: ignore[misc]
+
+    def to_dict(self) -> dict[str, object]:
+        return self.error.to_dict()
+
+
+def write_report(report: Mapping[str, Any], out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "report.json", json.dumps(report, indent=1) + "\n")
+    atomic_write_text(out_dir / "report.md", render_markdown(report))
+
+
+async def shard_job(
+    spec: JobSpec,
+    *,
+    pool: AttemptPool,
+    workdir: Path,
+    emit: Emit,
+    env: Mapping[str, str] | None = None,
+    argv_prefix: list[str] | None = None,
+) -> JobResult:
+    config = spec.config
+    target = config.target(spec.target)
+    backend = resolve_backend(spec.backend, target)
+    emit("backend.selected", {"backend": backend, "requested": spec.backend, "target": target.name})
+    session: PlanSession
+    if spec.isolate_planning:
+        session = await WorkerSession.start(spec.model, config.plan, target, env=env)
+    else:
+        session = LocalSession(PlanService(spec.model, config.plan, target))
+    summary: dict[str, Any] | None = None
+    attempts: list[dict[str, Any]] = []
+
+    def partial(status: str, error: SharderdError, plan: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        if summary is None:
+            return None
+        return report_dict(
+            model=summary["model"],
+            warnings=summary["warnings"],
+            target=target,
+            plan=plan,
+            batch_size=config.plan.batch_size,
+            status=status,
+            backend=backend,
+            attempts=attempts,
+            error=error.to_dict(),
+        )
+
+    try:
+        emit("plan.started", {"model": str(spec.model), "devices": spec.devices, "target": target.name})
+        summary = await session.summary()
+        if backend == "none":
+            final = await session.plan(
+                PlanRequest(spec.devices, config.plan.safety_margin, None, None, str(spec.out_dir), spec.stem, False)
+            )
+            emit("plan.finished", {"digest": final["plan"]["digest"], "bottleneck_s": final["plan"]["bottleneck_s"]})
+            status, extra = "not_compiled", {}
+        else:
+            workdir.mkdir(parents=True, exist_ok=True)
+            prover = Prover(
+                session,
+                backend=backend,
+                config=config,
+                target=target,
+                devices=spec.devices,
+                stem=spec.stem,
+                workdir=workdir,
+                pool=pool,
+                job_id=spec.job_id,
+                emit=emit,
+                priority=spec.priority,
+                max_attempts=spec.max_attempts or config.search.max_attempts,
+                parallel=spec.parallel or config.search.parallel,
+                timeout=spec.attempt_timeout or config.search.attempt_timeout,
+                kill_grace=config.search.kill_grace if spec.kill_grace is None else spec.kill_grace,
+                optimal_perf=spec.optimal_perf,
+                env=env,
+                argv_prefix=argv_prefix,
+            )
+            try:
+                proven = await prover.run()
+            finally:
+                attempts = [a.to_report() for a in prover.attempts]
+            final = await _write_chosen(session, spec, proven)
+            status, extra = "compiled", _extra(proven)
+    except PlanInfeasibleError as err:
+        raise JobFailed(err, partial("does_not_fit", err)) from None
+    except JobFailed:
+        raise
+    except SharderdError as err:
+        raise JobFailed(err, partial("failed", err)) from None
+    finally:
+        await session.aclose()
+
+    outputs = {
+        "model": Path(final["files"]["model"]).name,
+        "sharding_config": Path(final["files"]["sharding_yaml"]).name,
+        "external_data": [str(Path(p).relative_to(spec.out_dir)) for p in final["files"]["external"]],
+        "report_json": "report.json",
+        "report_md": "report.md",
+        **extra.pop("outputs", {}),
+    }
+    report = report_dict(
+        model=summary["model"],
+        warnings=summary["warnings"],
+        target=target,
+        plan=final["plan"],
+        batch_size=config.plan.batch_size,
+        status=status,
+        backend=backend,
+        attempts=attempts,
+        outputs=outputs,
+        extra=extra,
+    )
+    write_report(report, spec.out_dir)
+    return JobResult(report, spec.out_dir, status)
+
+
+async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult) -> dict[str, Any]:
+    """Write the compiled plan's files for keeps (external data copied, not linked)."""
+    chosen = proven.chosen
+    final = await session.plan(
+        PlanRequest(spec.devices, chosen.margin, chosen.scale, chosen.orders, str(spec.out_dir), spec.stem, False)
+    )
+    if final["plan"]["digest"] != chosen.key.digest:  # the planner is deterministic; this is a bug
+        raise SharderdError("internal error: re-planning the compiled split gave a different split")
+    outcome = chosen.outcome
+    if outcome is not None and outcome.artifact and Path(outcome.artifact).is_file():
+        target = spec.out_dir / Path(outcome.artifact).name
+        shutil.copyfile(outcome.artifact, target)
+        final["files"]["artifact"] = str(target)
+    return final
+
+
+def _extra(proven: ProveResult) -> dict[str, Any]:
+    chosen = proven.chosen
+    outcome = chosen.outcome
+    extra: dict[str, Any] = {"chosen_attempt": chosen.index, "compiles": len(proven.attempts)}
+    if outcome is not None:
+        if outcome.artifact and Path(outcome.artifact).is_file():
+            extra["outputs"] = {"compiled": Path(outcome.artifact).name}
+        if outcome.benchmark is not None:
+            extra["benchmark"] = {
+                "latency_s": outcome.benchmark.latency_s,
+                "throughput_per_s": outcome.benchmark.throughput_per_s,
+                "stage_times_s": list(outcome.benchmark.stage_times_s),
+                "runs": outcome.benchmark.runs,
+            }
+        if outcome.details and "verification" in outcome.details:
+            extra["verification"] = outcome.details["verification"]
+    return extra

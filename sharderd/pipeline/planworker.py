@@ -1,0 +1,49 @@
+"""``python -m sharderd.pipeline.planworker``: a PlanService behind JSON lines on stdin/stdout.
+
+The first line configures it (model, plan config, target); each later line is ``summary`` or
+``plan``. Every answer is one line ``{"ok": true, "result": ...}`` or ``{"ok": false, "error":
+...}``. Expected failures are answers; anything else is a crash the parent reports.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from sharderd.config import PlanConfig
+from sharderd.errors import SharderdError
+from sharderd.pipeline.session import PlanService, plan_request_from
+from sharderd.target import Target
+
+
+def _answer(payload: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    service: PlanService | None = None
+    for line in sys.stdin:
+        message = json.loads(line)
+        try:
+            if service is None:
+                plan = message["plan"]
+                service = PlanService(Path(message["model"]), PlanConfig(**plan), Target(**message["target"]))
+                result: dict[str, Any] = {"ready": True}
+            elif message["op"] == "summary":
+                result = service.summary()
+            elif message["op"] == "plan":
+                result = service.plan(plan_request_from(message))
+            else:
+                raise SharderdError(f"unknown plan worker op {message.get('op')!r}")
+        except SharderdError as err:
+            _answer({"ok": False, "error": err.to_dict()})
+            continue
+        _answer({"ok": True, "result": result})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

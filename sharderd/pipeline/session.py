@@ -1,0 +1,205 @@
+"""A planning session: the model analysed once, then re-planned on demand with new corrections.
+
+``PlanService`` is the synchronous core. ``LocalSession`` runs it in the caller's process (the
+one-shot CLI); ``WorkerSession`` runs it in a child process speaking JSON lines on stdin/stdout
+(``python -m sharderd.pipeline.planworker``), so the daemon's event loop never blocks on a huge
+model and a crash in the engine costs one job, not the daemon. Both return the same plain dicts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+from anyio.abc import Process
+
+from sharderd.config import PlanConfig
+from sharderd.errors import (
+    ConfigError,
+    ModelInvalidError,
+    PlanInfeasibleError,
+    SharderdError,
+)
+from sharderd.graph.analyze import Analysis
+from sharderd.report.build import model_facts, plan_section
+from sharderd.target import Target
+
+__all__ = ["LocalSession", "PlanRequest", "PlanService", "PlanSession", "WorkerSession", "error_from_dict"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    devices: int
+    safety_margin: float
+    memory_scale: tuple[float, ...] | None = None
+    orders: tuple[str, ...] | None = None
+    write_dir: str | None = None
+    """Write the annotated model (+ linked external data, YAML) here when set."""
+    stem: str = "model"
+    link_external: bool = True
+
+
+class PlanService:
+    """Holds one analysed model; every method returns JSON-ready dicts or raises SharderdError."""
+
+    def __init__(self, model: Path, plan_config: PlanConfig, target: Target) -> None:
+        self.model_path = model
+        self.plan_config = plan_config
+        self.target = target
+        self._analysis: Analysis | None = None
+
+    @property
+    def analysis(self) -> Analysis:
+        if self._analysis is None:
+            from sharderd.engine import analyze_file
+
+            self._analysis = analyze_file(self.model_path, self.plan_config)
+        return self._analysis
+
+    def summary(self) -> dict[str, Any]:
+        analysis = self.analysis
+        return {"model": model_facts(analysis), "warnings": list(analysis.warnings)}
+
+    def plan(self, request: PlanRequest) -> dict[str, Any]:
+        from sharderd.engine import make_plan, write_shard_files
+
+        plan = make_plan(
+            self.analysis,
+            self.target,
+            request.devices,
+            self.plan_config,
+            memory_scale=request.memory_scale,
+            safety_margin=request.safety_margin,
+            orders=request.orders,
+        )
+        result: dict[str, Any] = {"plan": plan_section(plan, self.plan_config.batch_size)}
+        if request.write_dir is not None:
+            out = Path(request.write_dir)
+            files = write_shard_files(self.analysis, plan, out, request.stem, link_external=request.link_external)
+            result["plan"] = plan_section(plan, self.plan_config.batch_size, files.routed)
+            result["files"] = {
+                "model": str(files.model),
+                "sharding_yaml": str(files.sharding_yaml),
+                "external": [str(p) for p in files.external],
+            }
+        return result
+
+
+class PlanSession(Protocol):
+    async def summary(self) -> dict[str, Any]: ...
+    async def plan(self, request: PlanRequest) -> dict[str, Any]: ...
+    async def aclose(self) -> None: ...
+
+
+class LocalSession:
+    """In-process: fine where nothing else shares the event loop for long (the one-shot CLI)."""
+
+    def __init__(self, service: PlanService) -> None:
+        self.service = service
+
+    async def summary(self) -> dict[str, Any]:
+        return self.service.summary()
+
+    async def plan(self, request: PlanRequest) -> dict[str, Any]:
+        await anyio.lowlevel.checkpoint()
+        return self.service.plan(request)
+
+    async def aclose(self) -> None:
+        return None
+
+
+_ERRORS: dict[str, type[SharderdError]] = {
+    ModelInvalidError.reason: ModelInvalidError,
+    ConfigError.reason: ConfigError,
+}
+
+
+def error_from_dict(data: Mapping[str, Any]) -> SharderdError:
+    """Rebuild the error a plan worker reported, keeping its type (and so its exit code)."""
+    reason = data.get("reason")
+    message = str(data.get("message", "planning failed"))
+    hint = data.get("hint")
+    if reason == PlanInfeasibleError.reason:
+        return PlanInfeasibleError(
+            message,
+            hint=hint,
+            device=data.get("device"),
+            short_bytes=data.get("short_bytes"),
+            min_devices=data.get("min_devices"),
+        )
+    return _ERRORS.get(str(reason), SharderdError)(message, hint=hint)
+
+
+class WorkerSession:
+    """The plan service in a child process; requests and answers are JSON lines."""
+
+    def __init__(self, process: Process) -> None:
+        self._process = process
+        self._buffer = b""
+        self._lock = anyio.Lock()
+
+    @classmethod
+    async def start(
+        cls, model: Path, plan_config: PlanConfig, target: Target, *, env: Mapping[str, str] | None = None
+    ) -> WorkerSession:
+        process = await anyio.open_process(
+            [sys.executable, "-m", "sharderd.pipeline.planworker"],
+            start_new_session=True,
+            env=dict(env) if env is not None else None,
+        )
+        session = cls(process)
+        init = {
+            "model": str(model),
+            "plan": {**asdict(plan_config), "dims": dict(plan_config.dims)},
+            "target": asdict(target),
+        }
+        await session._call(init)
+        return session
+
+    async def _call(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        async with self._lock:
+            assert self._process.stdin is not None and self._process.stdout is not None
+            await self._process.stdin.send((json.dumps(message) + "\n").encode())
+            while b"\n" not in self._buffer:
+                try:
+                    chunk = await self._process.stdout.receive()
+                except anyio.EndOfStream:
+                    code = await self._process.wait()
+                    raise SharderdError(
+                        f"the planning worker died (exit status {code}); see the daemon log for its stderr"
+                    ) from None
+                self._buffer += chunk
+            line, _, self._buffer = self._buffer.partition(b"\n")
+        answer = json.loads(line)
+        if not answer.get("ok"):
+            raise error_from_dict(answer.get("error", {}))
+        return answer["result"]
+
+    async def summary(self) -> dict[str, Any]:
+        return await self._call({"op": "summary"})
+
+    async def plan(self, request: PlanRequest) -> dict[str, Any]:
+        return await self._call({"op": "plan", **asdict(request)})
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            if self._process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self._process.kill()
+            await self._process.wait()
+            await self._process.aclose()
+
+
+def plan_request_from(data: Mapping[str, Any]) -> PlanRequest:
+    fields = dict(data)
+    fields.pop("op", None)
+    for key in ("memory_scale", "orders"):
+        if fields.get(key) is not None:
+            fields[key] = tuple(fields[key])
+    return PlanRequest(**fields)
