@@ -176,6 +176,7 @@ class Prover:
         self.perf_variants: list[tuple[float, tuple[str, ...] | None]] | None = None
         self.last_oom_device: int | None = None
         self.oom_devices: set[int] = set()
+        self.observations: dict[int, list[tuple[float, float]]] = {}
         self.infeasible: PlanInfeasibleError | None = None
         self.fatal: SharderdError | None = None
         self.done = False
@@ -329,16 +330,24 @@ class Prover:
                 self.done = True
         elif kind == "oom" and outcome.oom is not None:
             predicted = [int(s["memory_bytes"]) for s in record.plan["stages"]]
-            if outcome.oom.device is not None:
-                self.oom_devices.add(outcome.oom.device)
+            device = outcome.oom.device
+            history = self.observations.get(device, []) if device is not None else []
+            if device is not None:
+                self.oom_devices.add(device)
             correction = corrected_scale(
                 record.scale,
                 outcome.oom,
                 predicted,
                 self.target.memory_bytes,
                 self.target.bytes_per_tile,
+                margin=record.margin,
                 spread=SYSTEMIC_SPREAD if len(self.oom_devices) > 1 else 0.0,
+                history=history,
             )
+            if device is not None and correction.measured_fraction is not None and correction.predicted_fraction:
+                self.observations.setdefault(device, []).append(
+                    (correction.predicted_fraction, correction.measured_fraction)
+                )
             record.correction = correction
             self.scale = tuple(max(a, b) for a, b in zip(self.scale, correction.after, strict=True))
             self.last_oom_device = correction.device

@@ -50,15 +50,20 @@ def corrected_scale(
     capacity: int,
     tile_bytes: int,
     *,
+    margin: float = 1.0,
     spread: float = 0.0,
+    history: Sequence[tuple[float, float]] = (),
 ) -> Correction:
     """New per-device memory scale after ``oom``.
 
     ``predicted_bytes[d]`` is the plan's raw prediction for device d (before the safety margin and
-    scale). With a numbered OOM on device d: the compiler saw ``U / tile_bytes`` of capacity used
-    on the worst tile where we predicted ``predicted / capacity``; device d's scale becomes the
-    ratio (times headroom); other devices take ``spread`` of it in log space (0: the error is
-    believed local to what that device runs). Without a device every scale grows.
+    scale). A numbered OOM on device d says the worst tile held ``m = U / tile_bytes`` of its
+    capacity where we predicted ``p = predicted / capacity``. One observation gives a ratio
+    (``real ≈ p × m/p``); with an earlier observation of the same device (``history``: its
+    ``(p, m)`` pairs) the two fit ``real ≈ a·p + b``, which also captures a fixed cost such as
+    one large op's code that moves with the op, not with the bytes around it. The planner's
+    constraint ``p × margin × scale <= 1`` then gets ``scale = a / (1 - margin·b)``. Other devices
+    take ``spread`` of the growth in log space. Without a device every scale grows.
     """
     before = tuple(float(x) for x in scale)
     after = list(before)
@@ -69,9 +74,11 @@ def corrected_scale(
     predicted = max(predicted_bytes[d], 1) / capacity
     if oom.bytes_used is not None and tile_bytes > 0:
         measured = oom.bytes_used / (oom.tile_bytes or tile_bytes)
-        ratio = max(measured / predicted, 1.0) * HEADROOM
-        new_d = max(before[d] * HEADROOM, ratio)
-        reason = f"device {d}: worst tile {measured:.3f}× capacity vs {predicted:.3f} predicted"
+        fitted = _affine_scale([*history, (predicted, measured)], margin)
+        ratio = fitted if fitted is not None else max(measured / predicted, 1.0)
+        new_d = max(before[d] * HEADROOM, ratio * HEADROOM)
+        how = "fit of %d observations" % (len(history) + 1) if fitted is not None else "ratio"
+        reason = f"device {d}: worst tile {measured:.3f}× capacity vs {predicted:.3f} predicted ({how})"
     else:
         measured = None
         new_d = before[d] * _UNKNOWN_DEVICE_FACTOR
@@ -82,6 +89,24 @@ def corrected_scale(
         if e != d:
             after[e] = max(before[e], before[e] * math.exp(spread * math.log(growth)))
     return Correction(d, measured, predicted, before, tuple(after), reason)
+
+
+_HOPELESS = 1e6
+"""A scale so large no stage fits: the fit says the fixed cost alone fills the device."""
+
+
+def _affine_scale(points: Sequence[tuple[float, float]], margin: float) -> float | None:
+    """``a / (1 - margin·b)`` from the last two distinct (predicted, measured) points, if sane."""
+    distinct = {round(p, 9): (p, m) for p, m in points}
+    if len(distinct) < 2:
+        return None
+    (p1, m1), (p2, m2) = list(distinct.values())[-2:]
+    a = (m1 - m2) / (p1 - p2)
+    b = m1 - a * p1
+    if a <= 0 or b <= 0:
+        return None  # no fixed part visible (or noise): the ratio is the better model
+    room = 1.0 - margin * b
+    return _HOPELESS if room <= 0 else a / room
 
 
 def escalate(scale: Sequence[float], device: int | None, factor: float = 1.1) -> tuple[float, ...]:

@@ -1,0 +1,214 @@
+"""Compile attempts that prove a plan, driven through the real CLI against the fake ``poprt``
+(tests/fake_poprt), whose memory truth is deliberately not sharderd's own model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sharderd import examples
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE = REPO / "tests" / "fake_poprt"
+TILES = 24
+CONFIG = f"""
+[target]
+name = "mini"
+
+[targets.mini]
+base = "ipu-mk2"
+tiles = {TILES}
+memory_bytes = {TILES * 638976}
+
+[search]
+kill_grace = 0.5
+"""
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 6-layer transformer (~20 MB of weights): needs 4+ devices of the 24-tile target."""
+    path = tmp_path_factory.mktemp("prove") / "mid.onnx"
+    return examples.save(examples.transformer(layers=6, hidden=256, seq=128, vocab=1000), path)
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "sharderd.toml"
+    path.write_text(CONFIG)
+    return path
+
+
+def shard(
+    model: Path,
+    config: Path,
+    out: Path,
+    devices: int,
+    *extra: str,
+    truth: dict[str, Any] | None = None,
+    mode: str = "normal",
+    fake: bool = True,
+    env_extra: dict[str, str] | None = None,
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    log = out.parent / f"{out.name}.compiles.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_POPRT")}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(FAKE), str(REPO)] if fake else [str(REPO)]),
+        FAKE_POPRT_TILES=str(TILES),
+        FAKE_POPRT_LOG=str(log),
+        FAKE_POPRT_MODE=mode,
+        FAKE_POPRT_TRUTH=json.dumps(truth or {}),
+    )
+    env.update(env_extra or {})
+    proc = subprocess.run(
+        [sys.executable, "-m", "sharderd.cli", "shard", str(model), "--devices", str(devices),
+         "--backend", "poprt", "--config", str(config), "--out", str(out), "--quiet", *extra],
+        env=env, capture_output=True, text=True, timeout=240, check=False,
+    )
+    compiles = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return proc, compiles
+
+
+def report(out: Path) -> dict[str, Any]:
+    return json.loads((out / "report.json").read_text())
+
+
+def test_first_plan_compiles_when_the_model_is_right(model: Path, config: Path, tmp_path: Path) -> None:
+    """When sharderd's prediction holds, one compile proves the plan and its PopEF is published."""
+    out = tmp_path / "out"
+    proc, compiles = shard(model, config, out, 5)
+    assert proc.returncode == 0, proc.stderr
+    data = report(out)
+    assert data["status"] == "compiled" and data["backend"] == "poprt"
+    assert len(compiles) == 1 and compiles[0]["result"] == "ok"
+    options = compiles[0]["options"]
+    assert options["num_ipus"] == 5 and options["virtual_graph_mode"] == "manual"
+    assert options["enable_pipelining"] is True and options["batches_per_step"] >= 5
+    assert (out / data["outputs"]["compiled"]).is_file()
+    assert (out / "mid.sharded.onnx").is_file()
+
+
+def test_converges_after_a_wrong_first_plan(model: Path, config: Path, tmp_path: Path) -> None:
+    """An OOM on device 0 corrects that device's memory model; the exact re-plan then compiles."""
+    out = tmp_path / "out"
+    proc, compiles = shard(model, config, out, 5, truth={"code_bytes": {"Gather": 4_000_000}})
+    assert proc.returncode == 0, proc.stderr
+    data = report(out)
+    attempts = data["attempts"]
+    assert [a["outcome"] for a in attempts[:2]] == ["oom", "ok"]
+    assert attempts[0]["oom"]["device"] == 0 and attempts[0]["oom"]["bytes_used"] > 638976
+    correction = attempts[0]["correction"]
+    assert correction["device"] == 0 and correction["scale_after"][0] > correction["scale_before"][0]
+    assert attempts[1]["plan_digest"] != attempts[0]["plan_digest"]
+    assert data["plan"]["digest"] == attempts[1]["plan_digest"]
+    assert data["plan"]["memory_scale"][0] > 1.0
+    assert len(compiles) == 2
+
+
+def test_no_split_is_compiled_twice(model: Path, config: Path, tmp_path: Path) -> None:
+    """Every attempt differs from every earlier one in its split or its options."""
+    out = tmp_path / "out"
+    proc, _ = shard(model, config, out, 4, truth={"code_bytes": {"Gather": 8_000_000}})
+    attempts = report(out)["attempts"]
+    keys = [(a["plan_digest"], a["options"]["available_memory_proportion"]) for a in attempts if a["outcome"] != "cancelled"]
+    assert len(keys) == len(set(keys)) >= 2
+    assert proc.returncode in (0, 3)
+
+
+def test_a_model_that_cannot_fit_costs_no_compile(model: Path, config: Path, tmp_path: Path) -> None:
+    """Too few devices is proven from the model alone: exit 3, the shortfall, and how many devices would do."""
+    out = tmp_path / "out"
+    proc, compiles = shard(model, config, out, 2)
+    assert proc.returncode == 3
+    assert compiles == []
+    assert "does not fit on 2 × mini" in proc.stderr and "At least" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_corrections_prove_infeasible_then_amp_fallbacks(model: Path, config: Path, tmp_path: Path) -> None:
+    """When the learned corrections leave no split, the least-overfull plan is retried at amp 0.3 then 0.1, then exit 3."""
+    out = tmp_path / "out"
+    proc, compiles = shard(model, config, out, 5, truth={"code_bytes": {"Gather": 10_000_000}})
+    assert proc.returncode == 3, proc.stderr
+    assert "does not fit on 5 × mini" in proc.stderr and "device 0" in proc.stderr
+    amps = [c["options"]["available_memory_proportion"] for c in compiles]
+    assert amps[-2:] == [0.3, 0.1]
+    assert len(compiles) <= 6
+    data = report(out)
+    assert data["status"] == "does_not_fit" and data["error"]["reason"] == "does_not_fit"
+
+
+def test_segfaulting_compiler_is_a_crashed_outcome(model: Path, config: Path, tmp_path: Path) -> None:
+    """A compiler that dies by SIGSEGV is an outcome with the signal, and the job fails with exit 1."""
+    out = tmp_path / "out"
+    proc, _ = shard(model, config, out, 5, "--max-attempts", "2", mode="segfault")
+    assert proc.returncode == 1
+    assert "no plan compiled" in proc.stderr
+    attempts = report(out)["attempts"]
+    assert attempts and all(a["outcome"] == "crashed" and a["signal"] == 11 for a in attempts)
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if marker.encode() in environ and ") Z " not in stat:
+            found.append(int(entry.name))
+    return found
+
+
+def test_hung_compile_times_out_and_leaves_no_process(model: Path, config: Path, tmp_path: Path) -> None:
+    """A compile that never returns is killed with its process group at the timeout; nothing survives."""
+    out = tmp_path / "out"
+    marker = f"SHARDERD_TEST_MARKER={uuid.uuid4().hex}"
+    key, value = marker.split("=")
+    proc, _ = shard(
+        model, config, out, 5, "--attempt-timeout", "1", "--max-attempts", "1", mode="hang", env_extra={key: value}
+    )
+    assert proc.returncode == 1
+    attempts = report(out)["attempts"]
+    assert [a["outcome"] for a in attempts] == ["timeout"]
+    assert _processes_with(marker) == []
+
+
+def test_unknown_compiler_error_is_invalid_with_its_text(model: Path, config: Path, tmp_path: Path) -> None:
+    """A compiler error no parser knows stops the search with the compiler's own words."""
+    out = tmp_path / "out"
+    proc, compiles = shard(model, config, out, 5, mode="unknown_error")
+    assert proc.returncode == 1
+    assert "rejected the sharded model" in proc.stderr
+    assert len(compiles) == 1
+    assert report(out)["attempts"][0]["outcome"] == "invalid"
+
+
+def test_poprt_missing_is_exit_4(model: Path, config: Path, tmp_path: Path) -> None:
+    """Asking for poprt where the Poplar SDK is absent says what to do, with exit code 4."""
+    proc, _ = shard(model, config, tmp_path / "out", 5, fake=False)
+    assert proc.returncode == 4
+    assert "poprt is not installed: install the Poplar SDK or use --backend onnxruntime" in proc.stderr
+
+
+def test_optimal_perf_benchmarks_and_keeps_the_fastest(model: Path, config: Path, tmp_path: Path) -> None:
+    """With --optimal-perf every compiled plan is benchmarked and the fastest measured one is kept."""
+    out = tmp_path / "out"
+    proc, _ = shard(model, config, out, 5, "--optimal-perf", "--max-attempts", "4")
+    assert proc.returncode == 0, proc.stderr
+    data = report(out)
+    ok = [a for a in data["attempts"] if a["outcome"] == "ok"]
+    assert ok and all(a["benchmark"] and a["benchmark"]["latency_s"] > 0 for a in ok)
+    best = min(ok, key=lambda a: a["benchmark"]["latency_s"])
+    assert data["plan"]["digest"] == best["plan_digest"]
+    assert data["benchmark"]["latency_s"] == best["benchmark"]["latency_s"]
