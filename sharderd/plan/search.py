@@ -77,7 +77,7 @@ def corrected_scale(
         fitted = _affine_scale([*history, (predicted, measured)], margin)
         ratio = fitted if fitted is not None else max(measured / predicted, 1.0)
         new_d = max(before[d] * HEADROOM, ratio * HEADROOM)
-        how = "fit of %d observations" % (len(history) + 1) if fitted is not None else "ratio"
+        how = f"fit of {len(history) + 1} observations" if fitted is not None else "ratio"
         reason = f"device {d}: worst tile {measured:.3f}× capacity vs {predicted:.3f} predicted ({how})"
     else:
         measured = None
