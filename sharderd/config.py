@@ -62,6 +62,7 @@ class SearchConfig:
     """How plans are proven by compile attempts."""
 
     backend: Literal["auto", "poprt", "onnxruntime", "none"] = "auto"
+    """Who proves the plan: ``auto`` = poprt for an IPU target when the Poplar SDK imports, else onnxruntime, else none (plan only)."""
     max_attempts: int = 8
     """Compiles per job at most, speculative ones included."""
     parallel: int = 2
@@ -95,13 +96,19 @@ class PoprtConfig:
     ipu_version: str = ""
     """Empty: ask ``poprt.runtime.DeviceManager().ipu_hardware_version()``."""
     partials_type: Literal["half", "float"] = "half"
+    """Precision of matmul/conv partial sums (PopRT ``partials_type``)."""
     available_memory_proportion: float = 0.6
+    """Share of tile memory the conv/matmul planner may use for temporaries (PopRT default 0.6)."""
     enable_pipelining: bool = True
+    """Compile the stages as a pipeline (else plain model parallelism, one stage active at a time)."""
     batches_per_step: int = 0
     """0: the number of stages (PopART needs >= stages when pipelining)."""
     num_io_tiles: int = 0
+    """Tiles reserved for overlapped I/O (0, or an even number >= 32)."""
     benchmark_warmup: int = 20
+    """Untimed runs before benchmarking a compiled PopEF (``--optimal-perf``)."""
     benchmark_runs: int = 200
+    """Timed runs of a compiled PopEF; the median latency is reported."""
 
     def __post_init__(self) -> None:
         _check(0 < self.available_memory_proportion <= 1, "poprt.available_memory_proportion", "must be in (0, 1]")
@@ -115,15 +122,21 @@ class OrtConfig:
     """The onnxruntime backend: where stages run and how results are checked."""
 
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    """onnxruntime execution providers; with CUDA, stage i runs on device i."""
     rtol: float = 1e-3
+    """Relative tolerance when comparing float outputs with the unsharded model."""
     atol: float = 1e-4
+    """Absolute tolerance for the same comparison (integers and bools must match exactly)."""
     warmup: int = 3
+    """Untimed runs per stage before measuring."""
     runs: int = 20
+    """Timed runs per stage and pipeline micro-batches when measuring."""
     low_memory: bool = False
     """Create one stage session at a time and release it (peak = reference + largest stage)."""
     write_stages: bool = False
     """Also write the per-stage ONNX files to the output folder."""
     seed: int = 0
+    """Seed of the generated verification inputs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,32 +144,49 @@ class DaemonConfig:
     """``sharderd run``: folders, pool and lifecycle."""
 
     inbox: Path = Path("/var/lib/sharderd/inbox")
+    """Where jobs are dropped: ``<name>.onnx`` or a folder ``<name>/`` (moved in with one rename)."""
     outbox: Path = Path("/var/lib/sharderd/outbox")
+    """Where results appear, atomically, as ``<name>/``; must share a filesystem with inbox and state_dir."""
     state_dir: Path = Path("/var/lib/sharderd/state")
+    """Holds ``processing/``, ``failed/``, ``done/`` and the job journal."""
     runtime_dir: Path | None = None
     """Where ``status.json`` lives; default ``$RUNTIME_DIRECTORY`` or ``state_dir``."""
     devices: int = 2
+    """Pipeline stages for jobs whose sidecar does not say."""
     target: str | None = None
     """Default target for jobs; None: the ``[target]`` section's."""
     backend: Literal["auto", "poprt", "onnxruntime", "none"] = "auto"
+    """Backend for jobs whose sidecar does not say (see ``search.backend``)."""
     max_parallel_compiles: int = 2
+    """Compile attempts running at once across all jobs."""
     attempt_timeout: float = 3600.0
+    """Seconds before an attempt's process group gets SIGTERM."""
     kill_grace: float = 10.0
+    """Seconds between SIGTERM and SIGKILL of an attempt."""
     max_attempts: int = 8
     """Compile attempts per job, and worker crashes per job before it goes to ``failed/``."""
     settle_seconds: float = 5.0
     """A file unchanged (size, mtime, inode) this long is complete."""
     rescan_interval: float = 30.0
+    """Seconds between full inbox rescans (lost events, a recreated inbox, network filesystems)."""
     watch_mode: Literal["auto", "inotify", "poll"] = "auto"
+    """``poll`` for network filesystems; ``auto`` polls when the inbox is on NFS/CIFS/FUSE."""
     poll_interval: float = 2.0
+    """Seconds between polls when polling."""
     keep_input: bool = True
     """Move inputs to ``state_dir/done/`` after success (else delete them)."""
     shutdown: Literal["kill", "drain"] = "kill"
+    """On SIGTERM: ``kill`` running attempts (jobs resume at next start) or ``drain`` them."""
     shutdown_timeout: float = 60.0
+    """Seconds a stop may take before running work is cancelled."""
     allow_root: bool = False
+    """Refuse to run as root unless true."""
     file_mode: int = 0o640
+    """Mode of files written to the outbox and failed/."""
     dir_mode: int = 0o750
+    """Mode of folders written to the outbox and failed/."""
     metrics_textfile: Path | None = None
+    """Prometheus textfile-collector path, rewritten atomically (unset: no metrics file)."""
 
     def __post_init__(self) -> None:
         _check(self.devices >= 1, "daemon.devices", "must be >= 1")
@@ -367,7 +397,7 @@ def describe_config(config: Config) -> str:
         section = getattr(config, name)
         lines.append(f"\n[{name}]")
         for f in fields(section):
-            lines.append(f"{f.name} = {_toml_value(getattr(section, f.name))}")
+            lines.append(f"{f.name} = {_toml_value(getattr(section, f.name), f.name)}")
     lines.append("\n[target]")
     lines.append(f"name = {_toml_value(config.target_name)}")
     for tname, target in config.custom_targets.items():
@@ -378,7 +408,9 @@ def describe_config(config: Config) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _toml_value(value: Any) -> str:
+def _toml_value(value: Any, key: str = "") -> str:
+    if key.endswith("_mode") and isinstance(value, int) and not isinstance(value, bool):
+        return f"0o{value:o}"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str | Path):
@@ -388,5 +420,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, tuple | list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, Mapping):
+        if not value:
+            return "{}"
         return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
     return repr(value)

@@ -22,6 +22,7 @@ class Target:
     """One accelerator, as the cost model sees it."""
 
     name: str
+    """How configs and reports refer to it."""
     kind: DeviceKind
     """Which runtime family compiles for it (``ipu`` → poprt, else onnxruntime)."""
     memory_bytes: int
@@ -35,6 +36,7 @@ class Target:
     tiles: int = 0
     """Tiles per device (0: not a tiled device). Poplar names a global tile on OOM."""
     bytes_per_tile: int = 0
+    """Memory of one tile (638976 on Mk2): Poplar's OOM text reports bytes used on one tile."""
     efficiency: float = 0.4
     """Fraction of peak FLOP/s a real model reaches; scales compute time, not balance."""
     code_bytes_per_node: int = 0
