@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -81,9 +82,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     config = _config(args)
     target = config.target(args.target)
+    started = time.perf_counter()
     analysis = analyze_file(args.model, config.plan)
+    analyzed = time.perf_counter()
     plan = make_plan(analysis, target, args.devices, config.plan)
     report = report_dict(
+        timings_s={"load_and_analyze": analyzed - started, "plan": time.perf_counter() - analyzed},
         model=model_facts(analysis),
         warnings=analysis.warnings,
         target=target,

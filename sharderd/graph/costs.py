@@ -13,12 +13,16 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
+from sharderd.errors import ModelInvalidError
 from sharderd.graph.dataflow import Dataflow
 from sharderd.graph.flops import node_flops
 from sharderd.graph.shapes import TensorType
 from sharderd.graph.tensors import shape_bytes
 
-__all__ = ["GraphCosts", "compute_costs", "scalar_constants"]
+__all__ = ["MAX_TENSOR_BYTES", "GraphCosts", "compute_costs", "scalar_constants"]
+
+MAX_TENSOR_BYTES = 2**50
+"""A petabyte: anything larger is a corrupt or hostile shape, not a model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +45,12 @@ def compute_costs(graph: onnx.GraphProto, flow: Dataflow, types: Mapping[str, Te
         if tt is None or tt.shape is None:
             unknown.append(name)
         else:
-            tensor_bytes[t] = shape_bytes(tt.shape, tt.elem_type)
+            size = shape_bytes(tt.shape, tt.elem_type)
+            if size > MAX_TENSOR_BYTES:
+                raise ModelInvalidError(
+                    f"tensor {name!r} declares {size} bytes (shape {list(tt.shape)}): absurd dims"
+                )
+            tensor_bytes[t] = size
     defaults: dict[str, int] = {}
     notes: list[str] = []
     scalars = scalar_constants(graph)

@@ -234,6 +234,9 @@ def build_dataflow(graph: onnx.GraphProto) -> Dataflow:
         stuck = [nodes[i].name or f"#{i} {nodes[i].op_type}" for i in np.flatnonzero(~placed)[:5]]
         raise ModelInvalidError(f"the graph has a cycle through {len(nodes) - len(order)} node(s), e.g. {stuck}")
     nw_ptr, nw_idx = csr(nw_rows)
+    absurd = next((name for name, size in zip(weight_names, weight_bytes, strict=True) if size > 2**50), None)
+    if absurd is not None:
+        raise ModelInvalidError(f"weight {absurd!r} declares more than a petabyte: absurd dims")
     return Dataflow(
         node_names=tuple(node.name for node in nodes),
         op_types=tuple(node.op_type for node in nodes),

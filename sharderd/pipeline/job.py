@@ -179,6 +179,7 @@ async def shard_job(
         backend=backend,
         attempts=attempts,
         outputs=outputs,
+        timings_s=summary.get("timings_s"),
         extra=extra,
     )
     write_report(report, spec.out_dir)

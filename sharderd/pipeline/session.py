@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,18 +54,25 @@ class PlanService:
         self.plan_config = plan_config
         self.target = target
         self._analysis: Analysis | None = None
+        self._analyze_s = 0.0
 
     @property
     def analysis(self) -> Analysis:
         if self._analysis is None:
             from sharderd.engine import analyze_file
 
+            started = time.perf_counter()
             self._analysis = analyze_file(self.model_path, self.plan_config)
+            self._analyze_s = time.perf_counter() - started
         return self._analysis
 
     def summary(self) -> dict[str, Any]:
         analysis = self.analysis
-        return {"model": model_facts(analysis), "warnings": list(analysis.warnings)}
+        return {
+            "model": model_facts(analysis),
+            "warnings": list(analysis.warnings),
+            "timings_s": {"load_and_analyze": self._analyze_s},
+        }
 
     def plan(self, request: PlanRequest) -> dict[str, Any]:
         from sharderd.engine import make_plan, write_shard_files
