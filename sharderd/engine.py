@@ -3,10 +3,11 @@ model's own I/O; no logging, no global state. The CLI and the daemon call only t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from sharderd.config import PlanConfig
@@ -44,7 +45,14 @@ def make_plan(
     memory_scale: Sequence[float] | None = None,
     safety_margin: float | None = None,
     orders: Sequence[str] | None = None,
+    measured_times: Mapping[str, float] | None = None,
 ) -> Plan:
+    """Plan with the config's margin; ``measured_times`` (node name → seconds) replaces FLOPs."""
+    measured = None
+    if measured_times:
+        measured = np.array(
+            [measured_times.get(name, np.nan) for name in analysis.flow.node_names], dtype=np.float64
+        )
     return plan_stages(
         analysis,
         target,
@@ -52,6 +60,7 @@ def make_plan(
         safety_margin=config.safety_margin if safety_margin is None else safety_margin,
         memory_scale=memory_scale,
         orders=orders,
+        measured_s=measured,
     )
 
 

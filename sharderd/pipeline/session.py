@@ -44,6 +44,8 @@ class PlanRequest:
     """Write the annotated model (+ linked external data, YAML) here when set."""
     stem: str = "model"
     link_external: bool = True
+    measured_times: Mapping[str, float] | None = None
+    """Node name → seconds from a profile: plan on measured time instead of FLOPs."""
 
 
 class PlanService:
@@ -85,6 +87,7 @@ class PlanService:
             memory_scale=request.memory_scale,
             safety_margin=request.safety_margin,
             orders=request.orders,
+            measured_times=request.measured_times,
         )
         result: dict[str, Any] = {"plan": plan_section(plan, self.plan_config.batch_size)}
         if request.write_dir is not None:

@@ -14,7 +14,7 @@ from sharderd.errors import ConfigError, PlanInfeasibleError
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.order import candidate_orders
 from sharderd.plan.partition import Partition, memory_window, solve
-from sharderd.plan.profile import OrderedCosts, ordered_costs
+from sharderd.plan.profile import OrderedCosts, calibrated_compute_s, ordered_costs
 from sharderd.plan.types import CutTensor, Plan, StageCost
 from sharderd.target import Target
 from sharderd.units import fmt_bytes
@@ -35,12 +35,14 @@ def plan_stages(
     safety_margin: float,
     memory_scale: Sequence[float] | None = None,
     orders: Sequence[str] | None = None,
+    measured_s: np.ndarray | None = None,
 ) -> Plan:
     """Split into exactly ``devices`` pipeline stages, minimising the slowest stage.
 
     Stage s must satisfy ``memory × safety_margin × memory_scale[s] <= target.memory_bytes``.
-    Raises ``PlanInfeasibleError`` (with the short device and the devices needed) when no split
-    of any candidate order fits.
+    ``measured_s[node]`` (seconds, NaN where unknown) replaces the FLOP model's compute time
+    (``cost_model = "measured"``). Raises ``PlanInfeasibleError`` (with the short device and the
+    devices needed) when no split of any candidate order fits.
     """
     n = analysis.flow.num_nodes
     if devices < 1:
@@ -51,6 +53,7 @@ def plan_stages(
     if len(scale) != devices or (scale <= 0).any():
         raise ValueError("memory_scale needs one positive factor per device")
     caps = target.memory_bytes / (safety_margin * scale)
+    compute_s = calibrated_compute_s(analysis, target, measured_s)
     t0 = time.perf_counter()
     candidates = candidate_orders(analysis.flow)
     if orders is not None:
@@ -61,7 +64,7 @@ def plan_stages(
     first_oc: OrderedCosts | None = None
     for name, order in candidates.items():
         t1 = time.perf_counter()
-        oc = ordered_costs(analysis, target, order)
+        oc = ordered_costs(analysis, target, order, compute_s)
         first_oc = first_oc or oc
         require_costed = int(oc.costed.sum()) >= devices
         partition = solve(oc, caps, require_costed=require_costed)

@@ -17,7 +17,7 @@ import numpy as np
 from sharderd.graph.analyze import Analysis
 from sharderd.target import Target
 
-__all__ = ["OrderedCosts", "ordered_costs"]
+__all__ = ["OrderedCosts", "calibrated_compute_s", "ordered_costs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,24 @@ class OrderedCosts:
         )
 
 
-def ordered_costs(analysis: Analysis, target: Target, order: np.ndarray) -> OrderedCosts:
+def calibrated_compute_s(analysis: Analysis, target: Target, measured_s: np.ndarray | None) -> np.ndarray:
+    """Per-node compute seconds: the FLOP model, or measured times where a profile has them.
+
+    Nodes a profile misses (fused away, too fast to record) get the analytic time scaled by the
+    median measured/analytic ratio, so the two sources stay on one scale.
+    """
+    analytic = analysis.costs.flops / target.effective_flops_per_s + target.op_overhead_s
+    if measured_s is None:
+        return analytic
+    known = np.isfinite(measured_s) & (measured_s >= 0)
+    both = known & (analysis.costs.flops > 0)
+    scale = float(np.median(measured_s[both] / analytic[both])) if both.any() else 1.0
+    return np.where(known, measured_s, analytic * scale)
+
+
+def ordered_costs(
+    analysis: Analysis, target: Target, order: np.ndarray, compute_s: np.ndarray | None = None
+) -> OrderedCosts:
     flow, costs = analysis.flow, analysis.costs
     n = flow.num_nodes
     pos = np.empty(n, dtype=np.int64)
@@ -107,11 +124,8 @@ def ordered_costs(analysis: Analysis, target: Target, order: np.ndarray) -> Orde
 
     live = cut[:n] + out_bytes + host_in
     flops = costs.flops[order]
-    node_time = (
-        flops / target.effective_flops_per_s
-        + target.op_overhead_s
-        + (host_in + host_out) / target.host_bytes_per_s
-    )
+    per_node = calibrated_compute_s(analysis, target, None) if compute_s is None else compute_s
+    node_time = per_node[order] + (host_in + host_out) / target.host_bytes_per_s
     prefix = np.zeros(n + 1, dtype=np.float64)
     np.cumsum(node_time, out=prefix[1:])
 
