@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check-config", help="validate a config file and print the effective config")
     p.add_argument("file", nargs="?", type=Path, default=Path("sharderd.toml"))
+
+    p = sub.add_parser("run", help="run the inbox daemon (JSON logs on stdout; the systemd service)")
+    p.add_argument("--config", "-c", type=Path, help="sharderd.toml (default: built-in defaults)")
     return parser
 
 
@@ -193,11 +196,33 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    """The daemon; SIGTERM or SIGINT stop it cleanly (exit 0), also during start-up."""
+    import signal
+
+    import anyio
+
+    from sharderd.daemon.service import serve
+    from sharderd.logs import configure_logging
+
+    # Until serve() installs its own handlers, a stop request interrupts start-up before anything
+    # was claimed: turn SIGTERM into the same KeyboardInterrupt as SIGINT and exit cleanly.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    configure_logging()
+    config = load_config(args.config) if args.config else Config()
+    try:
+        anyio.run(serve, config)
+    except KeyboardInterrupt:
+        print("sharderd: stopped during start-up", file=sys.stderr)
+    return EXIT_OK
+
+
 _COMMANDS = {
     "plan": _cmd_plan,
     "shard": _cmd_shard,
     "example-model": _cmd_example,
     "check-config": _cmd_check_config,
+    "run": _cmd_run,
 }
 
 

@@ -153,14 +153,17 @@ class OrtOptions:
                     f"unknown onnxruntime option {key!r} (known: {', '.join(sorted(known))})"
                 )
             values[key] = value
-        for key in ("providers", "reference_providers"):
-            if key in values:
-                given = values[key]
-                values[key] = (given,) if isinstance(given, str) else tuple(given)
-        if "dims" in values:
-            values["dims"] = {str(k): int(v) for k, v in dict(values["dims"]).items()}
-        options = cls(**values)
-        options.check()
+        try:
+            for key in ("providers", "reference_providers"):
+                if key in values:
+                    given = values[key]
+                    values[key] = (given,) if isinstance(given, str) else tuple(given)
+            if "dims" in values:
+                values["dims"] = {str(k): int(v) for k, v in dict(values["dims"]).items()}
+            options = cls(**values)
+            options.check()
+        except (TypeError, ValueError) as exc:  # a value of the wrong type (JSON from a sidecar)
+            raise ConfigError(f"onnxruntime options: {exc}") from None
         return options
 
     def check(self) -> None:
@@ -280,13 +283,16 @@ def _attempt(
         reference = _reference_outputs(ort, reference_path, feeds, options)
 
     env: dict[str, Any] = dict(feeds)
-    measured: list[tuple[np.ndarray | None, dict[str, float]]] = []
+    times: list[np.ndarray | None] = []
+    node_times: dict[str, float] = {}
     for stage in stages:
         session = sessions[stage.index] if sessions else runner.create(stage)
         env.update(runner.run(session, stage, env))
         if options.low_memory:
-            measured.append(runner.measure(session, stage, env))
-        del session  # with low_memory, released before the next stage's session is built
+            times.append(runner.time_stage(session, stage, env))
+        del session  # with low_memory: released before any other session is built
+        if options.low_memory:
+            node_times.update(runner.profile(stage, env))
 
     message = f"{len(stages)} stage session(s) built with {', '.join(options.providers)}"
     if reference is not None:
@@ -307,15 +313,14 @@ def _attempt(
         message += f"; verified {len(checks)} output(s), max abs error {worst:.2g}"
 
     if not options.low_memory:
-        measured = [
-            runner.measure(session, stage, env)
-            for stage, session in zip(stages, sessions, strict=True)
-        ]
+        for stage, session in zip(stages, sessions, strict=True):
+            times.append(runner.time_stage(session, stage, env))
+            node_times.update(runner.profile(stage, env))
     if options.profile:
-        details["node_times_s"] = {name: t for _, times in measured for name, t in times.items()}
+        details["node_times_s"] = node_times
     benchmark = None
     if options.measure:
-        benchmark = _benchmark(stages, sessions, measured, feeds, options, details)
+        benchmark = _benchmark(stages, sessions, times, feeds, options, details)
         message += (
             f"; {benchmark.throughput_per_s:.4g} samples/s, stage medians "
             + ", ".join(f"{t * 1e3:.3g}" for t in benchmark.stage_times_s)
@@ -328,15 +333,19 @@ def _attempt(
 
 def _benchmark(
     stages: Sequence[StageModel],
-    sessions: Sequence[Any],
-    measured: Sequence[tuple[np.ndarray | None, dict[str, float]]],
+    sessions: Sequence[_Session],
+    times: Sequence[np.ndarray | None],
     feeds: Mapping[str, Any],
     options: OrtOptions,
     details: dict[str, Any],
 ) -> BenchmarkResult:
     """Latency is the sum of stage medians; throughput comes from the concurrent pipeline."""
-    medians = [float(np.median(t)) for t, _ in measured if t is not None]
-    spreads = [iqr(t) for t, _ in measured if t is not None]
+    # Samples per run: the leading dim of the inputs, which a static batch fixes, not options.
+    leading = [a.shape[0] for a in feeds.values() if np.ndim(a) > 0]
+    samples = int(leading[0]) if leading else options.batch_size
+    measured = [t for t in times if t is not None]
+    medians = [float(np.median(t)) for t in measured]
+    spreads = [iqr(t) for t in measured]
     details["stage_times_s"] = medians
     details["stage_spread_s"] = spreads
     if sessions:
@@ -345,17 +354,19 @@ def _benchmark(
             feeds,
             items=options.runs,
         )
-        throughput = options.batch_size * timing.items_per_s
+        throughput = samples * timing.items_per_s
         details["pipeline"] = {
             "measured": True,
+            "samples_per_run": samples,
             "items": timing.items,
             "wall_s": timing.wall_s,
             "throughput_per_s": throughput,
         }
     else:
-        throughput = options.batch_size / max(medians) if max(medians) > 0 else 0.0
+        throughput = samples / max(medians) if max(medians) > 0 else 0.0
         details["pipeline"] = {
             "measured": False,
+            "samples_per_run": samples,
             "throughput_per_s": throughput,
             "note": "low_memory: stage sessions never coexist; throughput = batch / slowest stage",
         }
@@ -368,7 +379,7 @@ def _benchmark(
     )
 
 
-def _step(session: Any, stage: StageModel) -> Step:
+def _step(session: _Session, stage: StageModel) -> Step:
     outputs, inputs = list(stage.outputs), stage.inputs
 
     def step(env: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -395,7 +406,7 @@ class _Runner:
                 f"execution provider(s) {missing} are not available here (available: {sorted(here)})",
             )
 
-    def create(self, stage: StageModel, *, profile_dir: Path | None = None) -> Any:
+    def create(self, stage: StageModel, *, profile_dir: Path | None = None) -> _Session:
         ort, i = self.ort, stage.index
         so = ort.SessionOptions()
         so.log_severity_level = _QUIET
@@ -426,30 +437,28 @@ class _Runner:
             )
         return session
 
-    def run(self, session: Any, stage: StageModel, env: Mapping[str, Any]) -> dict[str, Any]:
+    def run(self, session: _Session, stage: StageModel, env: Mapping[str, Any]) -> dict[str, Any]:
         try:
             values = session.run(list(stage.outputs), {name: env[name] for name in stage.inputs})
         except Exception as exc:
             raise self._failure(exc, stage.index, "run") from None
         return dict(zip(stage.outputs, values, strict=True))
 
-    def measure(
-        self, session: Any, stage: StageModel, env: Mapping[str, Any]
-    ) -> tuple[np.ndarray | None, dict[str, float]]:
-        """Stage times (when measuring) and node times (when profiling) for one stage."""
-        options = self.options
-        times = None
-        if options.measure:
-            outputs, feed = list(stage.outputs), {name: env[name] for name in stage.inputs}
-            times = time_calls(
-                lambda: session.run(outputs, feed), warmup=options.warmup, runs=options.runs
-            )
-        nodes: dict[str, float] = {}
-        if options.profile:
-            nodes = self._profile(stage, env)
-        return times, nodes
+    def time_stage(
+        self, session: _Session, stage: StageModel, env: Mapping[str, Any]
+    ) -> np.ndarray | None:
+        """Seconds per run of one stage on its real inputs; None unless measuring."""
+        if not self.options.measure:
+            return None
+        outputs, feed = list(stage.outputs), {name: env[name] for name in stage.inputs}
+        return time_calls(
+            lambda: session.run(outputs, feed), warmup=self.options.warmup, runs=self.options.runs
+        )
 
-    def _profile(self, stage: StageModel, env: Mapping[str, Any]) -> dict[str, float]:
+    def profile(self, stage: StageModel, env: Mapping[str, Any]) -> dict[str, float]:
+        """Median seconds per node of one stage, from a session of its own; empty unless profiling."""
+        if not self.options.profile:
+            return {}
         with tempfile.TemporaryDirectory(prefix="sharderd-profile-") as folder:
             session = self.create(stage, profile_dir=Path(folder))
             for _ in range(self.options.warmup + self.options.profile_runs):
@@ -790,6 +799,10 @@ def compare_outputs(
             problem = f"{out.dtype}{list(out.shape)} instead of {ref.dtype}{list(ref.shape)}"
             checks.append(OutputCheck(name, False, np.inf, np.inf, exact, problem))
             continue
+        if ref.dtype.kind not in "biufc":  # strings and objects: equal or not
+            diff, scale = (out != ref).astype(np.float64), 1.0
+            checks.append(OutputCheck(name, not diff.any(), *_maxima(diff, scale), exact))
+            continue
         wide = np.complex128 if ref.dtype.kind == "c" else np.float64
         a, b = out.astype(wide), ref.astype(wide)
         with np.errstate(invalid="ignore", over="ignore"):
@@ -802,10 +815,14 @@ def compare_outputs(
         else:
             scale = np.fmax(np.abs(b), atol if atol > 0 else np.finfo(np.float64).tiny)
             passed = bool(np.allclose(out, ref, rtol=rtol, atol=atol, equal_nan=True))
-        max_abs = float(diff.max()) if diff.size else 0.0
-        max_rel = float((diff / scale).max()) if diff.size else 0.0
-        checks.append(OutputCheck(name, passed, max_abs, max_rel, exact))
+        checks.append(OutputCheck(name, passed, *_maxima(diff, scale), exact))
     return checks
+
+
+def _maxima(diff: np.ndarray, scale: np.ndarray | float) -> tuple[float, float]:
+    if not diff.size:
+        return 0.0, 0.0
+    return float(diff.max()), float((diff / scale).max())
 
 
 def node_times_from_trace(trace: Any, names: Sequence[str], *, skip: int = 0) -> dict[str, float]:

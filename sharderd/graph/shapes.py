@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import onnx
 
 from sharderd.errors import ModelInvalidError
+from sharderd.graph.tensors import tensor_nbytes
 
 __all__ = ["ShapeInfo", "TensorType", "infer_shapes", "resolve_input_dims", "shape_info"]
 
@@ -109,32 +110,34 @@ def infer_shapes(light: onnx.ModelProto) -> tuple[dict[str, TensorType], str | N
 
 
 def _lightweight_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy whose big inline initializers carry only dims and dtype (inference needs no values)."""
+    """A copy for inference: big initializers become dims + dtype stubs (inference needs no values).
+
+    The source is never touched, and no weight bytes are copied or measured (``ByteSize`` on a
+    model with 2 GB of inline weights costs seconds).
+    """
     light = onnx.ModelProto()
-    if model.ByteSize() < 64 * 2**20:
-        light.CopyFrom(model)
-    else:
-        _copy_without_big_weights(model, light)
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    source, graph = model.graph, light.graph
+    graph.name = source.name
+    graph.node.extend(source.node)
+    graph.input.extend(source.input)
+    graph.output.extend(source.output)
+    graph.value_info.extend(source.value_info)
+    graph.sparse_initializer.extend(source.sparse_initializer)
+    for tensor in source.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor_nbytes(tensor) <= _STRIP_BYTES:
+            graph.initializer.append(tensor)  # small values (Reshape targets) feed data propagation
+            continue
+        stub = graph.initializer.add()
+        stub.name = tensor.name
+        stub.data_type = tensor.data_type
+        stub.dims.extend(tensor.dims)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        entry = stub.external_data.add()
+        entry.key, entry.value = "location", "__sharderd_stripped__"
     return light
-
-
-def _copy_without_big_weights(model: onnx.ModelProto, light: onnx.ModelProto) -> None:
-    graph = model.graph
-    saved = []
-    try:
-        for tensor in graph.initializer:
-            if tensor.HasField("raw_data") and len(tensor.raw_data) > _STRIP_BYTES:
-                saved.append((tensor, tensor.raw_data))
-                tensor.ClearField("raw_data")
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                entry = tensor.external_data.add()
-                entry.key, entry.value = "location", "__sharderd_stripped__"
-        light.CopyFrom(model)
-    finally:
-        for tensor, raw in saved:
-            del tensor.external_data[-1]
-            tensor.data_location = onnx.TensorProto.DEFAULT
-            tensor.raw_data = raw
 
 
 def _collect(graph: onnx.GraphProto, types: dict[str, TensorType]) -> None:

@@ -190,7 +190,16 @@ async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult
     """Write the compiled plan's files for keeps (external data copied, not linked)."""
     chosen = proven.chosen
     final = await session.plan(
-        PlanRequest(spec.devices, chosen.margin, chosen.scale, chosen.orders, str(spec.out_dir), spec.stem, False)
+        PlanRequest(
+            spec.devices,
+            chosen.margin,
+            chosen.scale,
+            chosen.orders,
+            str(spec.out_dir),
+            spec.stem,
+            False,
+            chosen.measured_times,
+        )
     )
     if final["plan"]["digest"] != chosen.key.digest:  # the planner is deterministic; this is a bug
         raise SharderdError("internal error: re-planning the compiled split gave a different split")

@@ -59,6 +59,8 @@ class AttemptRecord:
     directory: Path
     outcome: AttemptOutcome | None = None
     correction: Correction | None = None
+    measured_times: Mapping[str, float] | None = None
+    """Node times the plan was made with (``cost_model = "measured"``), else None."""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
     @property
@@ -71,6 +73,13 @@ class AttemptRecord:
             return None
         return self.outcome.benchmark.latency_s
 
+    @property
+    def throughput(self) -> float | None:
+        """Measured samples/s: what a pipeline is for, and comparable across backends."""
+        if self.outcome is None or self.outcome.benchmark is None:
+            return None
+        return self.outcome.benchmark.throughput_per_s
+
     def to_report(self) -> dict[str, Any]:
         out = self.outcome
         data: dict[str, Any] = {
@@ -80,6 +89,8 @@ class AttemptRecord:
             "options": {"available_memory_proportion": self.key.amp, "safety_margin": self.margin},
             "memory_scale": list(self.scale),
             "predicted_bottleneck_s": self.predicted_s,
+            "predicted_stage_times_s": [st["time_s"] for st in self.plan["stages"]],
+            "cost_model": "measured" if self.measured_times else "analytic",
             "outcome": out.outcome if out else "cancelled",
             "duration_s": out.duration_s if out else 0.0,
             "message": out.message if out else "cancelled: a better plan compiled first",
@@ -101,7 +112,10 @@ class AttemptRecord:
                 "stage_times_s": list(out.benchmark.stage_times_s),
                 "spread_s": out.benchmark.spread_s,
             }
-            data["details"] = dict(out.details) if out.details else None
+            details = dict(out.details) if out.details else None
+            if details and "node_times_s" in details:
+                details["node_times_s"] = f"{len(details['node_times_s'])} nodes profiled"
+            data["details"] = details
         if self.correction is not None:
             c = self.correction
             data["correction"] = {
@@ -180,15 +194,21 @@ class Prover:
         self.infeasible: PlanInfeasibleError | None = None
         self.fatal: SharderdError | None = None
         self.done = False
+        self.calibrate = config.plan.cost_model == "measured" and backend == "onnxruntime"
+        self.calibrate_pending = False
+        self.measured_times: Mapping[str, float] | None = None
 
     # -- planning --------------------------------------------------------------------------
+
+    def _request(self, margin: float, scale: tuple[float, ...], orders: tuple[str, ...] | None, write_dir: str | None) -> PlanRequest:
+        return PlanRequest(
+            self.devices, margin, scale, orders, write_dir=write_dir, stem=self.stem, measured_times=self.measured_times
+        )
 
     async def _plan(self, *, margin: float, scale: tuple[float, ...], orders: tuple[str, ...] | None, amp: float) -> tuple[dict[str, Any], tuple[float, ...]] | None:
         """A plan whose (digest, amp) was never tried, escalating the last correction if needed."""
         for _ in range(_MAX_ESCALATIONS):
-            result = await self.session.plan(
-                PlanRequest(self.devices, margin, scale, orders, write_dir=None, stem=self.stem)
-            )
+            result = await self.session.plan(self._request(margin, scale, orders, None))
             if AttemptKey(result["plan"]["digest"], amp) not in self.tried:
                 return result, scale
             if orders is not None or margin != self.margin:
@@ -205,9 +225,7 @@ class Prover:
         directory = self.workdir / f"attempt-{index}"
         if directory.exists():
             shutil.rmtree(directory)
-        result = await self.session.plan(
-            PlanRequest(self.devices, margin, used_scale, orders, write_dir=str(directory), stem=self.stem)
-        )
+        result = await self.session.plan(self._request(margin, used_scale, orders, str(directory)))
         record = AttemptRecord(
             index=index,
             label=label,
@@ -218,6 +236,7 @@ class Prover:
             plan=result["plan"],
             files=result["files"],
             directory=directory,
+            measured_times=self.measured_times,
         )
         self.emit(
             "plan.finished",
@@ -234,6 +253,14 @@ class Prover:
     async def _next(self) -> AttemptRecord | None:
         if self.fatal is not None or self.done:
             return None
+        if self.calibrate_pending:
+            self.calibrate_pending = False
+            try:
+                record = await self._candidate("re-plan on measured times", self.margin, self.scale, None, self.default_amp)
+            except PlanInfeasibleError:
+                record = None
+            if record is not None:
+                return record
         if self.need_base and self.infeasible is None:
             self.need_base = False
             label = "plan" if not self.attempts else "re-plan after OOM"
@@ -317,16 +344,21 @@ class Prover:
         oks = [a for a in self.attempts if a.outcome is not None and a.outcome.outcome == "ok"]
         if not oks:
             return None
-        if self.optimal_perf and any(a.measured_s is not None for a in oks):
-            return min((a for a in oks if a.measured_s is not None), key=lambda a: a.measured_s or math.inf)
+        if (self.optimal_perf or self.measured_times is not None) and any(a.throughput for a in oks):
+            return max((a for a in oks if a.throughput), key=lambda a: a.throughput or 0.0)
         return min(oks, key=lambda a: a.predicted_s)
 
     def _handle(self, record: AttemptRecord, outcome: AttemptOutcome) -> None:
         record.outcome = outcome
         kind = outcome.outcome
         if kind == "ok":
+            times = (outcome.details or {}).get("node_times_s")
+            if self.calibrate and self.measured_times is None and times:
+                self.measured_times = dict(times)
+                self.calibrate_pending = True
+                return
             better_running = [a for a in self.running.values() if a.predicted_s < record.predicted_s]
-            if not self.optimal_perf and not better_running:
+            if not self.optimal_perf and not better_running and not self.calibrate_pending:
                 self.done = True
         elif kind == "oom" and outcome.oom is not None:
             predicted = [int(s["memory_bytes"]) for s in record.plan["stages"]]
@@ -378,7 +410,12 @@ class Prover:
             model=record.files["model"],
             artifact=str(record.directory / f"{self.stem}.{'popef' if self.backend == 'poprt' else 'artifact'}"),
             num_devices=self.devices,
-            options=attempt_options(self.backend, self.config, amp=record.key.amp if self.backend == "poprt" else None),
+            options=attempt_options(
+                self.backend,
+                self.config,
+                amp=record.key.amp if self.backend == "poprt" else None,
+                profile=self.calibrate and self.measured_times is None,
+            ),
             tiles_per_device=self.target.tiles,
             benchmark=self.optimal_perf or self.backend == "onnxruntime",
             warmup=self.config.poprt.benchmark_warmup,

@@ -27,6 +27,10 @@ def _stage_rows(plan: Mapping[str, Any]) -> list[str]:
     return rows
 
 
+def _balance(times: list[float]) -> str:
+    return f"{max(times) / (sum(times) / len(times)):.2f}" if times and sum(times) > 0 else "-"
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     model, target, plan = report["model"], report["target"], report["plan"]
     lines = [
@@ -77,6 +81,35 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             lines.append(
                 f"| {k} | {a.get('outcome')} | {a.get('duration_s', 0):.1f} s | {a.get('label', '')} | "
                 f"{(a.get('message') or '').splitlines()[0][:120] if a.get('message') else ''} |"
+            )
+    timed = [a for a in report["attempts"] if (a.get("details") or {}).get("stage_times_s")]
+    if timed:
+        lines += [
+            "",
+            "## Predicted vs measured stage times",
+            "",
+            "Balance = slowest / mean stage: 1.00 is a perfect pipeline. Predictions use the target's cost",
+            "model (or measured node times with `cost_model = \"measured\"`); measurements are the backend's.",
+            "",
+            "| attempt | cost model | predicted per stage | balance | measured per stage | balance | throughput |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for a in timed:
+            predicted = a.get("predicted_stage_times_s") or []
+            measured = a["details"]["stage_times_s"]
+            bench = a.get("benchmark") or {}
+            lines.append(
+                f"| {a['index']} | {a.get('cost_model', 'analytic')} | {', '.join(fmt_seconds(x) for x in predicted)} "
+                f"| {_balance(predicted)} | {', '.join(fmt_seconds(x) for x in measured)} | {_balance(measured)} "
+                f"| {bench.get('throughput_per_s', 0):.1f}/s |"
+            )
+    if report.get("verification"):
+        v = report["verification"]
+        lines += ["", f"## Verification: {'passed' if v.get('passed') else 'FAILED'} (rtol {v.get('rtol')}, atol {v.get('atol')})", ""]
+        lines += ["| output | max abs error | max rel error | result |", "|---|---|---|---|"]
+        for name, o in (v.get("outputs") or {}).items():
+            lines.append(
+                f"| `{name}` | {o.get('max_abs', 0):.3g} | {o.get('max_rel', 0):.3g} | {'ok' if o.get('passed') else 'MISMATCH'} |"
             )
     if report.get("error"):
         err = report["error"]

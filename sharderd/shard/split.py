@@ -81,8 +81,7 @@ def split_stages(model: onnx.ModelProto, base_dir: Path) -> list[StageModel]:
     for n in order:
         s = int(stage[n])
         producer_stage[flow.outputs(n)] = s
-        reads = flow.inputs(n)
-        np.maximum.at(last_reader, reads, s)
+        np.maximum.at(last_reader, flow.inputs(n), s)
     for n in order:
         s = int(stage[n])
         for t in flow.inputs(n).tolist():
@@ -160,11 +159,10 @@ def strip_annotations(graph: onnx.GraphProto) -> int:
     """Remove the sharding attributes from every node, bodies included; returns how many."""
     removed = 0
     for node in graph.node:
-        kept = [a for a in node.attribute if a.name not in ANNOTATIONS]
-        if len(kept) != len(node.attribute):
-            removed += len(node.attribute) - len(kept)
-            del node.attribute[:]
-            node.attribute.extend(kept)
+        for k in reversed(range(len(node.attribute))):
+            if node.attribute[k].name in ANNOTATIONS:
+                del node.attribute[k]
+                removed += 1
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
                 removed += strip_annotations(attr.g)

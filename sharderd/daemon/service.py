@@ -1,0 +1,642 @@
+"""``sharderd run``: the daemon's task tree, from start-up checks to a clean exit.
+
+Three nested task groups, each outliving the one inside it:
+
+- *root*: signals, the systemd watchdog and the status publisher; they run until the very end, so
+  ``WATCHDOG=1`` and ``status.json`` keep coming while jobs drain.
+- *jobs*: one task per claimed job, all sharing one ``AttemptPool(max_parallel_compiles)``.
+- *intake*: the inbox watcher, the periodic rescan and the dispatcher that settles and claims.
+
+Start-up: refuse root (unless ``allow_root``), create and check the folders, finish what the journal
+says an earlier run left (before any task exists, so a start-up error is a plain ``ConfigError``),
+start the watcher, *then* scan the inbox, then ``READY=1``. A file that arrives in between is seen
+by both, never by neither. Stopping (SIGTERM/SIGINT): the intake group goes first, so nothing new
+is claimed; ``shutdown = "kill"`` cancels the jobs (their attempt groups are killed, they stay in
+``processing/``), ``"drain"`` lets them finish within ``shutdown_timeout``. A second signal kills
+every child process group at once.
+
+Admission: a job holds a planning worker (the analysed model, in memory) for its whole life, so
+at most ``max(cpu count, 2 × max_parallel_compiles)`` jobs run at once; the rest wait *in the
+inbox*, unclaimed, where another daemon sharing the inbox may take them. Among settled entries
+the highest sidecar ``priority`` is claimed first, then the oldest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import signal
+import stat
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Final, NoReturn, final
+
+import anyio
+import anyio.abc
+from watchfiles import Change, awatch
+
+from sharderd import __version__
+from sharderd.backends.pool import AttemptPool
+from sharderd.config import Config, DaemonConfig
+from sharderd.daemon.intake import (
+    Candidate,
+    ClaimedJob,
+    InboxFilter,
+    Settler,
+    added_entries,
+    claim,
+    inspect_entry,
+    new_job_id,
+    scan_inbox,
+)
+from sharderd.daemon.jobs import (
+    JobContext,
+    WorkerCrashedError,
+    fail_claimed,
+    finish_recovered,
+    mark_lost,
+    reclaim,
+    run_job,
+)
+from sharderd.daemon.journal import JobRecord, Journal, recover
+from sharderd.daemon.notify import Notifier, child_env, watchdog_interval
+from sharderd.daemon.outbox import DaemonDirs, prepare_dirs
+from sharderd.daemon.sidecar import load_sidecar
+from sharderd.daemon.status import JobProgress, StatusBoard
+from sharderd.errors import ConfigError, SharderdError
+from sharderd.logs import get_logger
+
+__all__ = ["serve"]
+
+_log = get_logger(__name__)
+
+_HEARTBEAT_S: Final = 15.0
+"""``status.json`` is rewritten at least this often, idle or not."""
+_STATUS_MIN_INTERVAL_S: Final = 0.5
+"""Rate limit of ``status.json`` rewrites and ``STATUS=`` lines when jobs change fast."""
+_WATCH_DEBOUNCE_MS: Final = 500
+_WATCH_STEP_MS: Final = 50
+_WATCH_TIMEOUT_MS: Final = 1000
+"""The watch thread returns this often even without changes, bounding any wait for it to stop."""
+_WATCH_ARM_POLL_S: Final = 0.01
+_WATCH_BACKOFF_S: Final = (0.5, 30.0)
+_SETTLE_SLACK_S: Final = 0.001
+"""Look a little after a settle deadline, so float rounding cannot make the look come too early."""
+_EXTEND_EVERY_S: Final = 5.0
+_NETWORK_FS: Final = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "afs", "ceph",
+                                "glusterfs", "lustre", "gpfs", "beegfs"})
+"""Mounts where inotify misses writes made by other hosts; ``watch_mode = "auto"`` polls them."""
+
+
+async def serve(config: Config, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Run the inbox daemon until SIGTERM or SIGINT; ``task_status.started()`` follows ``READY=1``.
+
+    Raises:
+        ConfigError: Start-up checks failed (root, folders, filesystems); nothing was claimed.
+    """
+    daemon = _Daemon(config)
+    await daemon.run(task_status)
+
+
+@final
+class _WatchStop:
+    """awatch's stop event; the watch thread polls ``is_set``, which proves the watcher is live.
+
+    Only plain attribute reads and writes cross the thread boundary (atomic under the GIL).
+    """
+
+    __slots__ = ("_set", "armed")
+
+    def __init__(self) -> None:
+        self.armed = False
+        self._set = False
+
+    def is_set(self) -> bool:
+        self.armed = True
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+
+
+@dataclass(slots=True)
+class _Seen:
+    """An inbox entry from its first look until it is claimed."""
+
+    job_id: str
+    candidate: Candidate
+    order: int
+    ready: bool = False
+    priority: int = 0
+
+
+@final
+class _Inbox:
+    """Candidates from detection to claim: settling (``Settler``), then ready in priority order."""
+
+    def __init__(self, inbox: Path, config: Config) -> None:
+        self.inbox = inbox
+        self.config = config
+        self.settler = Settler(config.daemon.settle_seconds)
+        self.seen: dict[Path, _Seen] = {}
+        self._order = 0
+
+    def __len__(self) -> int:
+        return len(self.seen)
+
+    def scan(self, added: frozenset[Path] = frozenset()) -> None:
+        """Look at every entry; forget the ones that are gone."""
+        candidates = scan_inbox(self.inbox)
+        present = {c.path for c in candidates}
+        for path in [p for p in self.seen if p not in present]:
+            self._vanished(path)
+        for candidate in candidates:
+            self._observe(candidate, added=candidate.path in added)
+
+    def look(self, paths: Iterable[Path], added: frozenset[Path]) -> None:
+        for path in paths:
+            candidate = inspect_entry(self.inbox, path.name)
+            if candidate is None:
+                self._vanished(path)
+            else:
+                self._observe(candidate, added=path in added)
+
+    def settling(self) -> list[Path]:
+        return [p for p, s in self.seen.items() if not s.ready]
+
+    def due(self) -> float | None:
+        """``time.monotonic()`` value at which a settling entry may be complete."""
+        return self.settler.next_due()
+
+    def take_ready(self) -> _Seen | None:
+        """The ready entry to claim next, checked once more; None when none is ready."""
+        while True:
+            ready = [s for s in self.seen.values() if s.ready]
+            if not ready:
+                return None
+            best = min(ready, key=lambda s: (-s.priority, s.order))
+            path = best.candidate.path
+            again = inspect_entry(self.inbox, path.name)
+            if again is None:
+                self._vanished(path)
+            elif again.signature != best.candidate.signature:
+                self._observe(again, added=False)  # written to again: settle anew
+            else:
+                del self.seen[path]
+                return best
+
+    def _observe(self, candidate: Candidate, *, added: bool) -> None:
+        seen = self.seen.get(candidate.path)
+        if seen is None:
+            seen = self.seen[candidate.path] = _Seen(new_job_id(), candidate, self._order)
+            self._order += 1
+            _log.info("job.detected", job_id=seen.job_id, name=candidate.name, path=str(candidate.path),
+                      kind=candidate.kind, moved_in=added and candidate.moved_in)
+        elif seen.ready and seen.candidate.signature == candidate.signature:
+            return
+        seen.candidate = candidate
+        seen.ready = self.settler.observe(candidate, added=added)
+        if seen.ready:
+            self.settler.forget(candidate.path)
+            seen.priority = self._priority(candidate)
+
+    def _priority(self, candidate: Candidate) -> int:
+        """The sidecar's priority; a bad sidecar counts as 0 here and fails the job once claimed."""
+        if candidate.sidecar is None or candidate.problem is not None:
+            return 0
+        try:
+            return load_sidecar(candidate.sidecar, self.config.daemon).priority
+        except (SharderdError, OSError):
+            return 0
+
+    def _vanished(self, path: Path) -> None:
+        self.settler.forget(path)
+        seen = self.seen.pop(path, None)
+        if seen is not None:
+            _log.debug("job.skipped", job_id=seen.job_id, name=seen.candidate.name, reason="vanished before it was claimed")
+
+
+@final
+class _Daemon:
+    """The daemon's state; its methods are the tasks of the tree described in the module docstring."""
+
+    def __init__(self, config: Config) -> None:
+        if os.geteuid() == 0 and not config.daemon.allow_root:
+            raise ConfigError(
+                "refusing to run as root: every model would be parsed and compiled with root privileges",
+                hint="Run as the sharderd user (the systemd unit does), or set allow_root = true in [daemon].")
+        daemon = _absolute(config.daemon)
+        self.config = replace(config, daemon=daemon)
+        self.daemon = daemon
+        self.dirs: DaemonDirs = prepare_dirs(daemon)
+        self.journal = Journal(self.dirs.state_dir)
+        self.pool = AttemptPool(daemon.max_parallel_compiles)
+        self.board = StatusBoard(self.dirs.runtime, pool=self.pool, version=__version__, heartbeat_interval_s=_HEARTBEAT_S)
+        self.notifier = Notifier()
+        self.ctx = JobContext(self.config, self.dirs, self.journal, self.pool, self.board, child_env())
+        self.inbox = _Inbox(self.dirs.inbox, self.config)
+        self.max_active = max(os.cpu_count() or 1, 2 * daemon.max_parallel_compiles)
+        self.watch_mode, self.force_polling = _watch_mode(daemon)
+        self.backlog: list[tuple[ClaimedJob, int]] = []
+        self.jobs: dict[str, anyio.CancelScope] = {}
+        self.stop = anyio.Event()
+        self.forced = False
+        self.stopping = False
+        self._job_ended = anyio.Event()
+        self._wake = anyio.Event()
+        self._dirty: set[Path] = set()
+        self._added: set[Path] = set()
+        self._full_scan = False
+        self._watch_stop = _WatchStop()
+        self._inbox_id = _dir_id(self.dirs.inbox)
+        self._job_tg: anyio.abc.TaskGroup | None = None
+        _log.info("daemon.started", pid=os.getpid(), version=__version__, config=str(config.source or "(defaults)"),
+                  inbox=str(self.dirs.inbox), outbox=str(self.dirs.outbox), state_dir=str(self.dirs.state_dir),
+                  runtime_dir=str(self.dirs.runtime), backend=daemon.backend, devices=daemon.devices,
+                  max_parallel_compiles=daemon.max_parallel_compiles, max_active_jobs=self.max_active,
+                  watch_mode=self.watch_mode, shutdown=daemon.shutdown)
+        self._recover()
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        strays = _kill_strays(self.dirs.processing)
+        report = recover(self.dirs.state_dir, self.dirs.outbox, max_attempts=self.daemon.max_attempts, journal=self.journal)
+        for found in report.finish:
+            self.board.finished[finish_recovered(found, self.ctx)] += 1
+        for found in report.to_fail:
+            attempts = found.record.attempts if found.record else 0
+            error = WorkerCrashedError(
+                f"sharderd stopped unexpectedly during each of the {attempts} runs of this job (max_attempts reached)",
+                hint="The planning worker or a compile may be exhausting the host's memory, which kills the whole "
+                     "service; check `journalctl -k` for the OOM killer and `journalctl -u sharderd` for this job id.")
+            self.board.finished[fail_claimed(reclaim(found), self.ctx, error)] += 1
+        for record in report.stale:
+            mark_lost(record, self.journal)
+        resumed = [(reclaim(f), f.record.priority if f.record else 0) for f in report.resume]
+        self.backlog = sorted(resumed, key=lambda item: (-item[1], item[0].job_id))
+        self.board.set_pending(len(self.backlog))
+        _log.info("journal.recovered", resume=len(report.resume), finished=len(report.finish),
+                  failed=len(report.to_fail), lost=len(report.stale), removed=[str(p) for p in report.removed],
+                  killed_strays=strays)
+
+    # -- the tree ----------------------------------------------------------------------------
+
+    async def run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with anyio.create_task_group() as root:
+                root.start_soon(self._handle_signals, signals)
+                root.start_soon(self._watchdog)
+                root.start_soon(self._publish_status)
+                async with anyio.create_task_group() as jobs:
+                    self._job_tg = jobs
+                    self._claim_ready()
+                    async with anyio.create_task_group() as intake:
+                        if not self.stop.is_set():
+                            await intake.start(self._watch)
+                            self._scan()
+                            intake.start_soon(self._rescan)
+                            intake.start_soon(self._dispatch)
+                            self.board.set_state("ready")
+                            self.notifier.ready(self.board.status_line())
+                            _log.info("daemon.ready", inbox=str(self.dirs.inbox), pending=self.board.pending,
+                                      running=len(self.jobs))
+                            task_status.started()
+                        await self.stop.wait()
+                        self._watch_stop.set()
+                        intake.cancel_scope.cancel()
+                    await self._stop_jobs()
+                root.cancel_scope.cancel()
+        self.board.set_state("stopped")
+        self._write_status()
+        _log.info("daemon.stopped", left_in_processing=sum(1 for _ in self.dirs.processing.iterdir()))
+
+    async def _handle_signals(self, signals: AsyncIterator[signal.Signals]) -> None:
+        async for signum in signals:
+            if not self.stop.is_set():
+                self._begin_stop(signum)
+            elif not self.forced:
+                _log.warning("daemon.stopping", signal=signum.name, force=True,
+                             message="second signal: cancelling every job and killing its processes now")
+                self._force()
+
+    def _begin_stop(self, signum: signal.Signals) -> None:
+        self.stopping = True
+        self.board.set_state("stopping")
+        running = len(self.jobs)
+        self.notifier.stopping(f"stopping ({self.daemon.shutdown}): {running} running")
+        _log.info("daemon.stopping", signal=signum.name, shutdown=self.daemon.shutdown, running=running,
+                  timeout_s=self.daemon.shutdown_timeout if self.daemon.shutdown == "drain" else None)
+        self.stop.set()
+
+    async def _stop_jobs(self) -> None:
+        if self.daemon.shutdown == "drain" and not self.forced:
+            deadline = anyio.current_time() + self.daemon.shutdown_timeout
+            while self.jobs and not self.forced:
+                left = deadline - anyio.current_time()
+                if left <= 0:
+                    _log.warning("daemon.stopping", shutdown="drain", running=len(self.jobs),
+                                 message=f"shutdown_timeout ({self.daemon.shutdown_timeout:g} s) reached; cancelling the rest")
+                    break
+                step = min(left, _EXTEND_EVERY_S)
+                self.notifier.extend_timeout(int((step + self.daemon.kill_grace + _EXTEND_EVERY_S) * 1_000_000))
+                with anyio.move_on_after(step):
+                    await self._job_ended.wait()
+                self._job_ended = anyio.Event()
+        for scope in self.jobs.values():
+            scope.cancel()
+
+    def _force(self) -> None:
+        self.forced = True
+        for scope in self.jobs.values():
+            scope.cancel()
+        _kill_children()
+
+    async def _watchdog(self) -> None:
+        interval = watchdog_interval()
+        if interval is None:
+            return
+        while True:
+            self.notifier.watchdog()
+            await anyio.sleep(interval)
+
+    async def _publish_status(self) -> NoReturn:
+        last_line = ""
+        while True:
+            with anyio.move_on_after(self.board.heartbeat_interval_s):
+                await self.board.wait_changed()
+            self._write_status()
+            line = self.board.status_line()
+            if line != last_line:
+                self.notifier.status(line)
+                last_line = line
+            await anyio.sleep(_STATUS_MIN_INTERVAL_S)
+
+    def _write_status(self) -> None:
+        try:
+            path = self.board.write()
+        except OSError as exc:
+            _log.warning("status.written", ok=False, path=str(self.board.path), error=str(exc))
+        else:
+            _log.debug("status.written", path=str(path))
+
+    # -- intake ------------------------------------------------------------------------------
+
+    async def _watch(self, *, task_status: anyio.abc.TaskStatus[None]) -> NoReturn:
+        """Keep a watcher on the inbox: restarted on request (a recreated inbox) or after errors."""
+        announced = False
+        polling = self.force_polling
+        backoff = _WATCH_BACKOFF_S[0]
+        restarts = 0
+        while True:
+            stop = self._watch_stop = _WatchStop()
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._consume, stop, polling)
+                    while not stop.armed:
+                        await anyio.sleep(_WATCH_ARM_POLL_S)
+                    mode = "poll" if polling else "inotify"
+                    if restarts:
+                        _log.info("watch.restarted", inbox=str(self.dirs.inbox), mode=mode, restarts=restarts)
+                    else:
+                        _log.info("watch.started", inbox=str(self.dirs.inbox), mode=mode)
+                    if not announced:
+                        announced = True
+                        task_status.started()
+                    backoff = _WATCH_BACKOFF_S[0]
+            except Exception as exc:
+                error = _leaf(exc)
+                limit = _is_watch_limit(error)
+                _log.error("watch.failed", inbox=str(self.dirs.inbox), error=f"{type(error).__name__}: {error}",
+                           retry_in_s=backoff, fallback="poll" if limit and not polling else None,
+                           hint=("inotify limits reached: raise fs.inotify.max_user_watches / max_user_instances "
+                                 "(sysctl), or set watch_mode = \"poll\"") if limit else
+                           "the periodic rescan keeps finding new jobs meanwhile")
+                polling = polling or limit
+                if not announced:
+                    announced = True
+                    task_status.started()  # the rescan still finds jobs; do not block start-up on the watcher
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, _WATCH_BACKOFF_S[1])
+            restarts += 1
+
+    async def _consume(self, stop: _WatchStop, polling: bool | None) -> None:
+        async for changes in awatch(
+            self.dirs.inbox, watch_filter=InboxFilter(self.dirs.inbox), debounce=_WATCH_DEBOUNCE_MS,
+            step=_WATCH_STEP_MS, stop_event=stop, rust_timeout=_WATCH_TIMEOUT_MS, force_polling=polling,
+            poll_delay_ms=int(self.daemon.poll_interval * 1000), recursive=True, ignore_permission_denied=True,
+        ):
+            self._on_changes(changes)
+
+    def _on_changes(self, changes: set[tuple[Change, str]]) -> None:
+        inbox = self.dirs.inbox
+        for _, raw in changes:
+            path = Path(raw)
+            if path == inbox or not path.is_relative_to(inbox):
+                self._full_scan = True
+                continue
+            self._dirty.add(inbox / path.relative_to(inbox).parts[0])
+        self._added |= added_entries(inbox, changes)
+        self._wake.set()
+
+    async def _rescan(self) -> NoReturn:
+        """Catch lost events, a recreated inbox and network filesystems."""
+        while True:
+            await anyio.sleep(self.daemon.rescan_interval)
+            self._check_inbox()
+            self._full_scan = True
+            self._wake.set()
+
+    def _check_inbox(self) -> None:
+        """Recreate a deleted inbox; restart the watcher when the inbox is a different folder now."""
+        inbox = self.dirs.inbox
+        try:
+            inbox.mkdir(mode=self.daemon.dir_mode, parents=True, exist_ok=True)
+            current = _dir_id(inbox)
+        except OSError as exc:
+            _log.error("watch.failed", inbox=str(inbox), error=f"cannot recreate the inbox: {exc}")
+            return
+        if current != self._inbox_id:
+            self._inbox_id = current
+            self._watch_stop.set()  # the watcher loop starts a new one and logs watch.restarted
+
+    async def _dispatch(self) -> NoReturn:
+        """Settle, then claim: woken by watch events, rescans, finished jobs and settle deadlines."""
+        while True:
+            due = self.inbox.due()
+            delay = math.inf if due is None else max(0.0, due - time.monotonic()) + _SETTLE_SLACK_S
+            with anyio.move_on_after(delay):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            dirty, added = self._dirty, frozenset(self._added)
+            self._dirty, self._added = set(), set()
+            if self._full_scan:
+                self._full_scan = False
+                self._scan(added)
+            else:
+                self.inbox.look({*dirty, *self.inbox.settling()}, added)
+                self._claim_ready()
+
+    def _scan(self, added: frozenset[Path] = frozenset()) -> None:
+        try:
+            self.inbox.scan(added)
+        except OSError as exc:  # the inbox vanished or became unreadable; the rescan recreates it
+            _log.error("watch.failed", inbox=str(self.dirs.inbox), error=f"cannot scan the inbox: {exc}")
+        _log.debug("scan.finished", pending=len(self.inbox))
+        self._claim_ready()
+
+    def _claim_ready(self) -> None:
+        while not self.stopping and len(self.jobs) < self.max_active:
+            if self.backlog:
+                job, priority = self.backlog.pop(0)
+                _log.info("job.resumed", job_id=job.job_id, name=job.name, priority=priority)
+                self._start(job, priority)
+                continue
+            seen = self.inbox.take_ready()
+            if seen is None:
+                break
+            self._claim(seen)
+        self.board.set_pending(len(self.inbox) + len(self.backlog))
+
+    def _claim(self, seen: _Seen) -> None:
+        candidate = seen.candidate
+        try:
+            job = claim(candidate, self.dirs.processing, seen.job_id, dir_mode=self.daemon.dir_mode)
+        except OSError as exc:
+            _log.error("job.skipped", job_id=seen.job_id, name=candidate.name, reason=f"cannot claim: {exc}")
+            return
+        if job is None:
+            _log.debug("job.skipped", job_id=seen.job_id, name=candidate.name, reason="taken before the claim")
+            return
+        self.journal.record(JobRecord(job.job_id, job.name, state="claimed", priority=seen.priority))
+        _log.info("job.claimed", job_id=job.job_id, name=job.name, kind=job.kind, priority=seen.priority,
+                  path=str(job.entry))
+        self._start(job, seen.priority)
+
+    def _start(self, job: ClaimedJob, priority: int) -> None:
+        assert self._job_tg is not None
+        progress = JobProgress(job.job_id, job.name, priority)
+        self.jobs[job.job_id] = scope = anyio.CancelScope()
+        self.board.add(progress)
+        self._job_tg.start_soon(self._job_task, job, progress, scope, name=f"job {job.job_id}")
+
+    async def _job_task(self, job: ClaimedJob, progress: JobProgress, scope: anyio.CancelScope) -> None:
+        outcome = None
+        try:
+            with scope:
+                outcome = await run_job(job, self.ctx, progress)
+        except Exception:  # filing the job itself failed (disk full?): it stays for the next start
+            _log.exception("daemon.error", job_id=job.job_id, name=job.name,
+                           message="could not finish the job's bookkeeping; it stays in processing/")
+        finally:
+            self.jobs.pop(job.job_id, None)
+            self.board.remove(job.job_id, outcome)
+            self._job_ended.set()
+            self._wake.set()
+
+
+def _absolute(daemon: DaemonConfig) -> DaemonConfig:
+    """Absolute folders: watch events name absolute paths, and they must compare equal to ours."""
+    runtime = None if daemon.runtime_dir is None else daemon.runtime_dir.absolute()
+    return replace(daemon, inbox=daemon.inbox.absolute(), outbox=daemon.outbox.absolute(),
+                   state_dir=daemon.state_dir.absolute(), runtime_dir=runtime)
+
+
+def _watch_mode(daemon: DaemonConfig) -> tuple[str, bool | None]:
+    """``(description, force_polling)``; ``None`` lets ``WATCHFILES_FORCE_POLLING`` decide."""
+    if daemon.watch_mode == "poll":
+        return "poll", True
+    if daemon.watch_mode == "inotify":
+        return "inotify", False
+    fstype = _network_fs(daemon.inbox)
+    return (f"poll (auto: {fstype})", True) if fstype else ("auto", None)
+
+
+def _network_fs(path: Path) -> str | None:
+    """The type of the mount holding ``path`` when it is a network or FUSE filesystem."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    best, fstype = "", ""
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or not tail:
+            continue
+        mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):
+            best, fstype = mount, tail[0]
+    return fstype if fstype in _NETWORK_FS or fstype.startswith("fuse") else None
+
+
+def _dir_id(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{path} is not a directory")
+    return st.st_dev, st.st_ino
+
+
+def _is_watch_limit(error: BaseException) -> bool:
+    return isinstance(error, OSError) and ("limit" in str(error).lower() or error.errno in (28, 24))
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _processes() -> Iterator[tuple[int, int, int]]:
+    """``(pid, ppid, pgid)`` of every process in ``/proc``; ones vanishing meanwhile are skipped."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(entry.path, "stat").read_text(encoding="ascii", errors="replace")
+        except OSError:
+            continue
+        fields = text[text.rfind(")") + 2:].split()  # comm may hold spaces and parentheses
+        if len(fields) >= 3:
+            yield int(entry.name), int(fields[1]), int(fields[2])
+
+
+def _kill_group(pid: int, pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if pgid == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _kill_children() -> None:
+    """SIGKILL the process group of every child: planning workers and attempts lead their own."""
+    me = os.getpid()
+    for pid, ppid, pgid in list(_processes()):
+        if ppid == me:
+            _kill_group(pid, pgid)
+
+
+def _kill_strays(processing: Path) -> list[int]:
+    """SIGKILL attempts an earlier, killed daemon left running (their cwd is in ``processing/``).
+
+    Under systemd the cgroup is emptied when the daemon dies; started by hand, an orphaned compile
+    would keep its device and CPU, and keep writing into a job folder this run is about to reuse.
+    """
+    inside = str(processing) + os.sep
+    killed = []
+    for pid, _, pgid in list(_processes()):
+        try:
+            cwd = str(Path(f"/proc/{pid}/cwd").readlink())
+        except OSError:
+            continue
+        if cwd.startswith(inside):
+            _kill_group(pid, pgid)
+            killed.append(pid)
+    return killed
