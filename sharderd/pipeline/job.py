@@ -94,7 +94,9 @@ async def shard_job(
     emit("backend.selected", {"backend": backend, "requested": spec.backend, "target": target.name})
     session: PlanSession
     if spec.isolate_planning:
-        session = await WorkerSession.start(spec.model, config.plan, target, env=env)
+        session = await WorkerSession.start(
+            spec.model, config.plan, target, stderr_path=workdir / "planworker.stderr", env=env
+        )
     else:
         session = LocalSession(PlanService(spec.model, config.plan, target))
     summary: dict[str, Any] | None = None

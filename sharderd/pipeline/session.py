@@ -150,21 +150,32 @@ def error_from_dict(data: Mapping[str, Any]) -> SharderdError:
 class WorkerSession:
     """The plan service in a child process; requests and answers are JSON lines."""
 
-    def __init__(self, process: Process) -> None:
+    def __init__(self, process: Process, stderr_path: Path) -> None:
         self._process = process
+        self._stderr_path = stderr_path
         self._buffer = b""
         self._lock = anyio.Lock()
 
     @classmethod
     async def start(
-        cls, model: Path, plan_config: PlanConfig, target: Target, *, env: Mapping[str, str] | None = None
+        cls,
+        model: Path,
+        plan_config: PlanConfig,
+        target: Target,
+        *,
+        stderr_path: Path,
+        env: Mapping[str, str] | None = None,
     ) -> WorkerSession:
-        process = await anyio.open_process(
-            [sys.executable, "-m", "sharderd.pipeline.planworker"],
-            start_new_session=True,
-            env=dict(env) if env is not None else None,
-        )
-        session = cls(process)
+        """Start the worker; its stderr goes to ``stderr_path`` (a pipe nobody reads could block it)."""
+        stderr_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(stderr_path, "ab") as stderr:
+            process = await anyio.open_process(
+                [sys.executable, "-m", "sharderd.pipeline.planworker"],
+                start_new_session=True,
+                stderr=stderr,
+                env=dict(env) if env is not None else None,
+            )
+        session = cls(process, stderr_path)
         init = {
             "model": str(model),
             "plan": {**asdict(plan_config), "dims": dict(plan_config.dims)},
@@ -183,7 +194,7 @@ class WorkerSession:
                 except anyio.EndOfStream:
                     code = await self._process.wait()
                     raise SharderdError(
-                        f"the planning worker died (exit status {code}); see the daemon log for its stderr"
+                        f"the planning worker died (exit status {code}): {self._stderr_tail()}"
                     ) from None
                 self._buffer += chunk
             line, _, self._buffer = self._buffer.partition(b"\n")
@@ -191,6 +202,14 @@ class WorkerSession:
         if not answer.get("ok"):
             raise error_from_dict(answer.get("error", {}))
         return answer["result"]
+
+    def _stderr_tail(self, limit: int = 2000) -> str:
+        try:
+            with open(self._stderr_path, "rb") as f:
+                f.seek(max(0, f.seek(0, 2) - limit))
+                return f.read().decode(errors="replace").strip() or "no output on stderr"
+        except OSError:
+            return "no output on stderr"
 
     async def summary(self) -> dict[str, Any]:
         return await self._call({"op": "summary"})
