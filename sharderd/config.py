@@ -8,6 +8,7 @@ machinery validates per-job sidecars in the daemon (``load_table``).
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 import types
 import typing
@@ -247,7 +248,41 @@ def load_config(path: Path | None = None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config {path}: {exc}") from None
     data = parse_toml(text, str(path))
-    return config_from_dict(data, str(path), source=path)
+    try:
+        return config_from_dict(data, str(path), source=path)
+    except ConfigError as err:
+        line = _line_of(text, err.message)
+        if line is None:
+            raise
+        raise ConfigError(f"{path}:{line}: {err.message.removeprefix(str(path)).lstrip(': ')}", hint=err.hint) from None
+
+
+_WHERE = re.compile(r"\[(?P<section>[\w.-]+)\](?::? (?P<key>\w+))?")
+_KEY = re.compile(r"key '(?P<key>[^']+)'")
+
+
+def _line_of(text: str, message: str) -> int | None:
+    """The 1-based line of the section/key a validation message names, when it can be found."""
+    where = _WHERE.search(message)
+    named = _KEY.search(message)
+    key = named.group("key") if named else (where.group("key") if where else None)
+    if named and not where:  # an unknown top-level section
+        pattern = re.compile(rf"^\s*\[{re.escape(named.group('key'))}[\].]")
+        return next((n for n, line in enumerate(text.splitlines(), 1) if pattern.match(line)), None)
+    if where is None:
+        return None
+    section = where.group("section")
+    header = re.compile(rf"^\s*\[\s*{re.escape(section)}\s*\]")
+    in_section = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("["):
+            in_section = bool(header.match(line))
+            if in_section and key is None:
+                return n
+            continue
+        if in_section and key and re.match(rf"^\s*{re.escape(key)}\s*=", line):
+            return n
+    return None
 
 
 def config_from_dict(data: Mapping[str, Any], where: str, *, source: Path | None = None) -> Config:
@@ -270,9 +305,14 @@ def config_from_dict(data: Mapping[str, Any], where: str, *, source: Path | None
         custom_targets=custom,
         source=source,
     )
-    config.target()  # the default target must resolve
-    if config.daemon.target is not None:
-        config.target(config.daemon.target)
+    for section, name in (("target", None), ("daemon", config.daemon.target)):
+        if section == "daemon" and name is None:
+            continue
+        try:
+            config.target(name)
+        except ConfigError as err:
+            key = "name" if section == "target" else "target"
+            raise ConfigError(f"{where} [{section}] {key}: {err.message}") from None
     return config
 
 
