@@ -580,6 +580,8 @@ def save(
         if tensor.HasField("raw_data") and len(tensor.raw_data) >= size_threshold:
             onnx.external_data_helper.set_external_data(tensor, data.name)
     onnx.save_model(copy, os.fspath(path))
+    if data.exists():  # onnx creates it 0600; give it the same mode as the model file
+        data.chmod(path.stat().st_mode & 0o777)
     return path
 
 
