@@ -332,7 +332,7 @@ def test_shard_writes_exactly_four_files_into_the_default_folder(
     assert proc.returncode == 0, proc.stderr
     assert sorted(_listing(work)) == sorted(
         f"multi_io.sharded/{name}"
-        for name in ("multi_io.sharded.onnx", "multi_io.sharding.yaml", "report.json", "report.md")
+        for name in ("multi_io.sharded.onnx", "multi_io.sharding.yaml", "report.html", "report.json", "report.md")
     )
     assert _listing(path.parent) == models_before
     model = onnx.load(
@@ -353,6 +353,7 @@ def test_shard_out_dir(
     assert sorted(_listing(out)) == [
         "chain.sharded.onnx",
         "chain.sharding.yaml",
+        "report.html",
         "report.json",
         "report.md",
     ]
@@ -372,6 +373,7 @@ def test_external_data_is_copied_and_the_sharded_model_runs(
             "transformer.data",
             "transformer.sharded.onnx",
             "transformer.sharding.yaml",
+            "report.html",
             "report.json",
             "report.md",
         ]
@@ -579,6 +581,7 @@ def test_external_data_in_a_subfolder_keeps_its_relative_place(
             "weights/w.data",
             "shared_weights.sharded.onnx",
             "shared_weights.sharding.yaml",
+            "report.html",
             "report.json",
             "report.md",
         ]
@@ -607,6 +610,7 @@ def test_out_dir_equal_to_the_model_folder_reuses_the_data(model_path: Callable[
             "chain.data",
             "chain.sharded.onnx",
             "chain.sharding.yaml",
+            "report.html",
             "report.json",
             "report.md",
         ]

@@ -26,6 +26,7 @@ from sharderd.pipeline.session import (
     WorkerSession,
 )
 from sharderd.report.build import report_dict
+from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
 from sharderd.shard.write import atomic_write_text
 
@@ -74,9 +75,11 @@ class JobFailed(SharderdError):
 
 
 def write_report(report: Mapping[str, Any], out_dir: Path) -> None:
+    """report.json is the source; report.md and report.html are its renderings for people."""
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "report.json", json.dumps(report, indent=1) + "\n")
     atomic_write_text(out_dir / "report.md", render_markdown(report))
+    atomic_write_text(out_dir / "report.html", render_html(report))
 
 
 async def shard_job(
@@ -169,6 +172,7 @@ async def shard_job(
         "external_data": [str(Path(p).relative_to(spec.out_dir)) for p in final["files"]["external"]],
         "report_json": "report.json",
         "report_md": "report.md",
+        "report_html": "report.html",
         **extra.pop("outputs", {}),
     }
     report = report_dict(

@@ -174,14 +174,30 @@ def _infeasible(
             short_bytes=int(single[worst] * factor.min() - capacity),
             min_devices=None,
         )
-    # "How many devices would do" under what was learned: the typical (geometric mean) correction.
-    typical = float(np.exp(np.log(scale).mean()))
+    # "How many devices would do" under what was learned: the typical (median) correction.
+    typical = float(np.median(scale))
     base_lo = memory_window(oc, capacity / (margin * typical))
     needed = _greedy_stage_count(base_lo)
+    windows: dict[float, np.ndarray] = {typical: base_lo}
     start = 0
-    for s in range(devices - 1):
-        lo = memory_window(oc, capacity / factor[s]) if scale[s] != typical else base_lo
-        start = int(np.searchsorted(lo, start, side="right") - 1)
+    for s in range(devices):
+        if float(scale[s]) not in windows:
+            windows[float(scale[s])] = memory_window(oc, capacity / factor[s])
+        end = int(np.searchsorted(windows[float(scale[s])], start, side="right") - 1)
+        if end <= start:  # this device cannot hold even the next node: its correction forbids it
+            node = analysis.flow.node_names[oc.order[start]]
+            need = single[start] * factor[s]
+            return PlanInfeasibleError(
+                f"the model does not fit on {devices} × {target.name}: device {s} cannot hold node {node!r}, "
+                f"which needs {fmt_bytes(need)} there (× margin {margin:g} × correction {scale[s]:.3g} "
+                f"learned from the compiler) but the device holds {fmt_bytes(capacity)}",
+                hint="the compiler's measurements say this part of the model needs a device to itself or more memory",
+                device=s,
+                short_bytes=int(need - capacity),
+                min_devices=None,
+            )
+        if s < devices - 1:
+            start = end
     last = devices - 1
     w, live, code = oc.stage_memory(start, oc.n)
     need = (w + live + code) * factor[last]
@@ -191,7 +207,7 @@ def _infeasible(
         f"device {last} would need {fmt_bytes(need)} (weights {fmt_bytes(w)}, activations "
         f"{fmt_bytes(live)}, code {fmt_bytes(code)}, × margin {margin:g}"
         + (f" × correction {scale[last]:.3g}" if scale[last] != 1.0 else "")
-        + f") but holds {fmt_bytes(capacity)}: short by {fmt_bytes(short)}. "
+        + f") but holds {fmt_bytes(capacity)}: short by {fmt_bytes(max(short, 0))}. "
         f"At least {needed} devices are needed.",
         hint=f"rerun with --devices {needed} (or lower plan.safety_margin if you trust the estimate)",
         device=last,
