@@ -89,11 +89,14 @@ class PlanInfeasibleError(SharderdError):
         device: int | None = None,
         short_bytes: int | None = None,
         min_devices: int | None = None,
+        fits_without_margin: bool = False,
     ) -> None:
         super().__init__(message, hint=hint)
         self.device = device
         self.short_bytes = short_bytes
         self.min_devices = min_devices
+        self.fits_without_margin = fits_without_margin
+        """True when only the safety margin rules the split out: a compile may still prove it."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -101,6 +104,7 @@ class PlanInfeasibleError(SharderdError):
             "device": self.device,
             "short_bytes": self.short_bytes,
             "min_devices": self.min_devices,
+            "fits_without_margin": self.fits_without_margin,
         }
 
 

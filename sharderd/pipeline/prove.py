@@ -269,6 +269,13 @@ class Prover:
             except PlanInfeasibleError as err:
                 self.infeasible = err
                 record = None
+                if err.fits_without_margin and self.margin > 1.0:
+                    # Only the margin rules it out: the compiler, not the prior, should decide.
+                    self.margin = 1.0
+                    self.spec_margins = []
+                    self.need_base = True
+                    self.infeasible = None
+                    return await self._next()
             if record is not None:
                 self.scale = record.scale
                 return record

@@ -143,6 +143,7 @@ def error_from_dict(data: Mapping[str, Any]) -> SharderdError:
             device=data.get("device"),
             short_bytes=data.get("short_bytes"),
             min_devices=data.get("min_devices"),
+            fits_without_margin=bool(data.get("fits_without_margin", False)),
         )
     return _ERRORS.get(str(reason), SharderdError)(message, hint=hint)
 

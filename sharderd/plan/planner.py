@@ -74,7 +74,16 @@ def plan_stages(
             best = (partition, oc, name)
     if best is None:
         assert first_oc is not None
-        raise _infeasible(analysis, first_oc, target, devices, safety_margin, scale)
+        error = _infeasible(analysis, first_oc, target, devices, safety_margin, scale)
+        if safety_margin > 1.0 and error.min_devices is not None:
+            require_costed = int(first_oc.costed.sum()) >= devices
+            if solve(first_oc, target.memory_bytes / scale, require_costed=require_costed) is not None:
+                error.fits_without_margin = True
+                error.message += (
+                    f" Without the safety margin ({safety_margin:g}) a split does fit the estimate: "
+                    "`sharderd shard` with a compile backend tries it once."
+                )
+        raise error
     partition, oc, name = best
     plan = _build_plan(analysis, oc, name, partition, target, caps, safety_margin, scale)
     timings["total"] = time.perf_counter() - t0
@@ -160,22 +169,23 @@ def _infeasible(
     if has.any():
         node_weights[has] = np.add.reduceat(per_ref, oc.w_ptr[:-1][has])
     single = node_weights + oc.live_bytes + oc.code_bytes_per_node
+    # "How many devices would do" under what was learned: the typical (median) correction.
+    typical = float(np.median(scale))
     worst = int(np.argmax(single))
-    if single[worst] * factor.min() > capacity:
+    if single[worst] * margin * typical > capacity:
         w, live, code = oc.stage_memory(worst, worst + 1)
         node = analysis.flow.node_names[oc.order[worst]]
+        learned = f" × correction {typical:.3g}" if typical != 1.0 else ""
         return PlanInfeasibleError(
-            f"node {node!r} alone needs {fmt_bytes(single[worst] * factor.min())} "
+            f"node {node!r} alone needs {fmt_bytes(single[worst] * margin * typical)} "
             f"(weights {fmt_bytes(w)}, activations {fmt_bytes(live)}, code {fmt_bytes(code)}, "
-            f"× margin {margin:g}) but one {target.name} device holds {fmt_bytes(capacity)}: "
+            f"× margin {margin:g}{learned}) but one {target.name} device holds {fmt_bytes(capacity)}: "
             "no number of pipeline stages can fit it",
             hint="reduce batch_size or the op's size, or use a target with more memory",
             device=None,
-            short_bytes=int(single[worst] * factor.min() - capacity),
+            short_bytes=int(single[worst] * margin * typical - capacity),
             min_devices=None,
         )
-    # "How many devices would do" under what was learned: the typical (median) correction.
-    typical = float(np.median(scale))
     base_lo = memory_window(oc, capacity / (margin * typical))
     needed = _greedy_stage_count(base_lo)
     windows: dict[float, np.ndarray] = {typical: base_lo}
