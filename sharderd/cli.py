@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -105,18 +105,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _progress(args: argparse.Namespace) -> Callable[[str, Mapping[str, Any]], None]:
-    """Plain progress lines on stderr (stdout stays the report); silent with --quiet/--json."""
-
-    def emit(event: str, fields: Mapping[str, Any]) -> None:
-        if args.quiet or args.json:
-            return
-        shown = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, "", [], {}))
-        print(f"[{event}] {shown}", file=sys.stderr)
-
-    return emit
-
-
 def _cmd_shard(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -124,6 +112,7 @@ def _cmd_shard(args: argparse.Namespace) -> int:
 
     from sharderd.backends.pool import AttemptPool
     from sharderd.pipeline.job import JobFailed, JobSpec, shard_job, write_report
+    from sharderd.progress import progress
     from sharderd.report.markdown import render_markdown
 
     config = _config(args)
@@ -147,8 +136,10 @@ def _cmd_shard(args: argparse.Namespace) -> int:
         attempt_timeout=args.attempt_timeout,
     )
     pool = AttemptPool(args.parallel or config.search.parallel)
-    emit = _progress(args)
-    with tempfile.TemporaryDirectory(prefix="sharderd-attempts-") as work:
+    with (
+        tempfile.TemporaryDirectory(prefix="sharderd-attempts-") as work,
+        progress(quiet=args.quiet, json_mode=args.json) as emit,
+    ):
 
         async def run() -> Any:
             return await shard_job(spec, pool=pool, workdir=Path(work), emit=emit)
