@@ -6,7 +6,8 @@ Runs the real daemon on temporary folders and reads its JSON log (the same reade
   for a model renamed in (the fast path) and for one written in place (it must sit unchanged for
   ``settle_seconds``), one at a time, each waited for before the next;
 - *throughput*: 100 different small models (``examples.chain(nodes=20, hidden=8)``) renamed in at
-  once, from the first rename to the last ``job.succeeded``.
+  once, from the first rename to the last ``job.succeeded``;
+- *idle CPU*: utime + stime of the daemon over 20 s with nothing to do.
 
 Prints a Markdown table; raw numbers go to ``bench/out/daemon_throughput.json``.
 
@@ -35,7 +36,7 @@ from _common import (  # bench/ is on sys.path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from daemon_helpers import DaemonProcess, chain_model, save_model, ts, write_config  # noqa: E402
+from daemon_helpers import DaemonProcess, chain_model, cpu_seconds, save_model, ts, write_config  # noqa: E402
 
 STYLES = ("rename, written earlier", "write + rename at once", "written in place")
 """How a file arrives: renamed in long after its last write (the rename leaves ctime > mtime: the
@@ -72,6 +73,21 @@ def pickup(root: Path, settle: float, repeat: int) -> dict[str, list[float]]:
     return latencies
 
 
+def idle_cpu(root: Path, seconds: float) -> float:
+    """CPU seconds the daemon uses per minute while idle (default watch mode and rescan interval)."""
+    daemon = DaemonProcess(write_config(root, rescan_interval=30.0))
+    try:
+        daemon.ready()
+        daemon.pump(1.0)
+        before = cpu_seconds(daemon.pid)
+        daemon.pump(seconds)
+        used = cpu_seconds(daemon.pid) - before
+        assert daemon.stop() == 0
+    finally:
+        daemon.close()
+    return used * 60 / seconds
+
+
 def throughput(root: Path, count: int, settle: float) -> dict[str, Any]:
     """``count`` models renamed in at once: wall time to the last result, jobs per second."""
     config = write_config(root, settle_seconds=settle, rescan_interval=30.0)
@@ -98,10 +114,12 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=5.0, help="settle_seconds (default 5, the daemon's)")
     parser.add_argument("--models", type=int, default=100, help="models dropped at once for throughput")
     parser.add_argument("--repeat", type=int, default=5, help="pickup measurements per delivery style")
+    parser.add_argument("--idle", type=float, default=20.0, help="seconds of idle CPU measurement")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sharderd-bench-") as tmp:
         latencies = pickup(Path(tmp) / "pickup", args.settle, args.repeat)
         rate = throughput(Path(tmp) / "throughput", args.models, args.settle)
+        idle = idle_cpu(Path(tmp) / "idle", args.idle)
     rows = [[style, len(v), f"{statistics.median(v):.3f}", f"{max(v):.3f}"] for style, v in latencies.items()]
     print(machine_markdown(machine()))
     print(f"\nsettle_seconds = {args.settle:g}, backend none\n")
@@ -111,8 +129,9 @@ def main() -> int:
         ["models at once", "wall s (first rename → last job.succeeded)", "jobs/s", "first claim s"],
         [[rate["models"], f"{rate['wall_s']:.1f}", f"{rate['jobs_per_s']:.2f}", f"{rate['first_claim_s']:.2f}"]],
     ))
-    write_json(OUT / "daemon_throughput.json",
-               {"machine": machine(), "settle_seconds": args.settle, "pickup_s": latencies, "throughput": rate})
+    print(f"\nidle: {idle:.3f} CPU seconds per minute (inotify watch, rescan every 30 s)")
+    write_json(OUT / "daemon_throughput.json", {"machine": machine(), "settle_seconds": args.settle,
+                                                "pickup_s": latencies, "throughput": rate, "idle_cpu_s_per_min": idle})
     return 0
 
 

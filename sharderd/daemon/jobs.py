@@ -67,6 +67,7 @@ __all__ = [
 WORK_DIR: Final = ".work"
 """Attempt files inside ``processing/<job_id>/``; a dotfile so no job name can collide with it."""
 _CHUNK: Final = 1 << 20
+_REPORTS: Final = ("report.json", "report.md", "report.html")
 _WORKER_DIED: Final = re.compile(r"the planning worker died \(exit status (-?\d+)\)")
 """How ``WorkerSession`` reports a dead worker (a plain ``SharderdError``); see ``_death_signal``."""
 
@@ -149,10 +150,10 @@ def finish_recovered(found: RecoveredJob, ctx: JobContext) -> JobState:
             if record.sha256:
                 ctx.journal.remember(record.sha256, found.result, found.job_id)
             _log.info("job.succeeded", name=found.name, result=str(found.result), recovered=True)
-            run.retire_input()
+            run.retire_input(found.result)
             return "succeeded"
         if record.state in ("succeeded", "duplicate"):
-            run.retire_input()
+            run.retire_input(Path(record.result) if record.result else None)
             return record.state
         error = dict(record.error or {"reason": "error", "message": "the job failed before sharderd restarted"})
         return run.fail(error, None)
@@ -201,7 +202,7 @@ def _content_files(job: ClaimedJob) -> Iterator[tuple[str, Path]]:
 
 def _is_bookkeeping(entry: str) -> bool:
     return (is_staging_name(entry) or entry.endswith(".toml")
-            or entry in {"report.json", "report.md", "error.json", "error.md"})
+            or entry in {*_REPORTS, "error.json", "error.md"})
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -252,12 +253,13 @@ class _JobRun:
             return self.fail(BadJobError(job.problem or "the job holds no model"), None)
         try:
             options = self._options()
+            effective = self._effective(options)
         except ConfigError as err:
             return self.fail(err, None)
         self.progress.priority = options.priority
         self.progress.stage = "hashing"
         self.ctx.board.changed()
-        key = await content_key(job, self._effective(options))
+        key = await content_key(job, effective)
         self.record = journal.record(replace(self.record, sha256=key, priority=options.priority,
                                              max_attempts=options.max_attempts))
         async with self._exclusive(key):
@@ -323,7 +325,8 @@ class _JobRun:
         while True:
             if self.record.attempts >= options.max_attempts:
                 raise WorkerCrashedError(
-                    f"the planning worker died in each of {self.record.attempts} runs (max_attempts = {options.max_attempts})",
+                    f"the planning worker (or sharderd itself) died in each of {self.record.attempts} runs "
+                    f"(max_attempts = {options.max_attempts})",
                     hint="It was killed by a signal each time, most often the kernel's OOM killer: check "
                          "`journalctl -k` for it, give the host more memory, or raise MemoryMax for the service.")
             self.record = ctx.journal.bump_attempts(job.job_id)
@@ -338,6 +341,8 @@ class _JobRun:
                 signum = _death_signal(error) if isinstance(error, SharderdError) else None
                 if signum is None:
                     raise
+                if self.record.attempts >= options.max_attempts:
+                    continue  # the check above ends the job
                 _log.warning("job.retried", reason="worker_crashed", signal=signum, message=error.message,
                              attempts=self.record.attempts, max_attempts=options.max_attempts)
                 continue
@@ -379,13 +384,13 @@ class _JobRun:
         self.ctx.journal.remember(key, published, self.job.job_id)
         _log.info("job.succeeded", name=self.job.name, result=str(published), status=result.status,
                   compiles=len(result.report.get("attempts", [])), duration_s=self._duration())
-        self.retire_input()
+        self.retire_input(published)
         return "succeeded"
 
     def _duplicate(self, original: IndexEntry) -> JobState:
         self.record = self.ctx.journal.record(replace(self.record, state="duplicate", result=original.result))
         _log.info("job.duplicate", name=self.job.name, original_job_id=original.job_id, result=original.result)
-        self.retire_input()
+        self.retire_input(Path(original.result))
         return "duplicate"
 
     def fail(self, error: SharderdError | Mapping[str, Any], report: Mapping[str, Any] | None, *,
@@ -403,10 +408,14 @@ class _JobRun:
                    failed=str(failed), duration_s=self._duration(), exc_info=exc_info)
         return "failed"
 
-    def retire_input(self) -> None:
-        """The input leaves ``processing/``: to ``done/<name>`` (``keep_input``) or deleted."""
+    def retire_input(self, result: Path | None = None) -> None:
+        """The input leaves ``processing/``: to ``done/<name>`` (``keep_input``), beside a copy of
+        the result's reports, or deleted."""
         shutil.rmtree(self.work_root, ignore_errors=True)
         if self.ctx.config.daemon.keep_input:
+            for name in _REPORTS if result is not None else ():
+                with contextlib.suppress(FileNotFoundError):  # an older result may lack report.html
+                    shutil.copyfile(result / name, self.job.job_dir / name)
             rename_unique(self.job.job_dir, self.ctx.dirs.done, self.job.name)
         else:
             shutil.rmtree(self.job.job_dir)

@@ -84,8 +84,9 @@ _WATCH_TIMEOUT_MS: Final = 1000
 """The watch thread returns this often even without changes, bounding any wait for it to stop."""
 _WATCH_ARM_POLL_S: Final = 0.01
 _WATCH_BACKOFF_S: Final = (0.5, 30.0)
-_SETTLE_SLACK_S: Final = 0.001
-"""Look a little after a settle deadline, so float rounding cannot make the look come too early."""
+_SETTLE_SLACK_S: Final = 0.05
+"""Look this long after a settle deadline: entries seen in one scan then settle in one pass (so their
+claims are ordered by priority), and float rounding cannot make the look come too early."""
 _EXTEND_EVERY_S: Final = 5.0
 _NETWORK_FS: Final = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "afs", "ceph",
                                 "glusterfs", "lustre", "gpfs", "beegfs"})
@@ -253,6 +254,7 @@ class _Daemon:
         self._full_scan = False
         self._watch_stop = _WatchStop()
         self._inbox_id = _dir_id(self.dirs.inbox)
+        self._inbox_lost = False
         self._job_tg: anyio.abc.TaskGroup | None = None
         _log.info("daemon.started", pid=os.getpid(), version=__version__, config=str(config.source or "(defaults)"),
                   inbox=str(self.dirs.inbox), outbox=str(self.dirs.outbox), state_dir=str(self.dirs.state_dir),
@@ -438,6 +440,7 @@ class _Daemon:
             path = Path(raw)
             if path == inbox or not path.is_relative_to(inbox):
                 self._full_scan = True
+                self._inbox_lost = self._inbox_lost or path == inbox  # the inbox itself went or came
                 continue
             self._dirty.add(inbox / path.relative_to(inbox).parts[0])
         self._added |= added_entries(inbox, changes)
@@ -452,16 +455,23 @@ class _Daemon:
             self._wake.set()
 
     def _check_inbox(self) -> None:
-        """Recreate a deleted inbox; restart the watcher when the inbox is a different folder now."""
+        """Recreate a deleted inbox; restart the watcher when the inbox is a different folder now.
+
+        The inode alone cannot tell: a folder recreated at once often gets the old inode back. So a
+        watch event on the inbox itself, or a failed scan, also marks the watch as lost.
+        """
         inbox = self.dirs.inbox
         try:
-            inbox.mkdir(mode=self.daemon.dir_mode, parents=True, exist_ok=True)
+            if not inbox.is_dir():
+                inbox.mkdir(mode=self.daemon.dir_mode, parents=True)
+                self._inbox_lost = True
             current = _dir_id(inbox)
         except OSError as exc:
             _log.error("watch.failed", inbox=str(inbox), error=f"cannot recreate the inbox: {exc}")
             return
-        if current != self._inbox_id:
+        if current != self._inbox_id or self._inbox_lost:
             self._inbox_id = current
+            self._inbox_lost = False
             self._watch_stop.set()  # the watcher loop starts a new one and logs watch.restarted
 
     async def _dispatch(self) -> NoReturn:
@@ -485,6 +495,7 @@ class _Daemon:
         try:
             self.inbox.scan(added)
         except OSError as exc:  # the inbox vanished or became unreadable; the rescan recreates it
+            self._inbox_lost = True
             _log.error("watch.failed", inbox=str(self.dirs.inbox), error=f"cannot scan the inbox: {exc}")
         _log.debug("scan.finished", pending=len(self.inbox))
         self._claim_ready()
