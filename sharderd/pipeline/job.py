@@ -97,9 +97,12 @@ async def shard_job(
     emit("backend.selected", {"backend": backend, "requested": spec.backend, "target": target.name})
     session: PlanSession
     if spec.isolate_planning:
-        session = await WorkerSession.start(
-            spec.model, config.plan, target, stderr_path=workdir / "planworker.stderr", env=env
-        )
+        try:
+            session = await WorkerSession.start(
+                spec.model, config.plan, target, stderr_path=workdir / "planworker.stderr", env=env
+            )
+        except OSError as exc:
+            raise JobFailed(SharderdError(f"cannot start the planning worker: {exc}"), None) from None
     else:
         session = LocalSession(PlanService(spec.model, config.plan, target))
     summary: dict[str, Any] | None = None

@@ -465,13 +465,23 @@ class Prover:
 
     async def run(self) -> ProveResult:
         send, receive = anyio.create_memory_object_stream[tuple[AttemptRecord, AttemptOutcome]](math.inf)
+        failure: SharderdError | None = None
         async with send, receive, anyio.create_task_group() as tg:
             while True:
-                while self._may_start():
-                    record = await self._next()
-                    if record is None:
-                        break
-                    self._start(tg, record, send)
+                try:
+                    while self._may_start():
+                        record = await self._next()
+                        if record is None:
+                            break
+                        self._start(tg, record, send)
+                except SharderdError as err:
+                    # Planning failed (e.g. its worker died): stop the attempts, then report it
+                    # as itself, not wrapped in the task group's exception group.
+                    failure = err
+                    for other in self.running.values():
+                        other.scope.cancel()
+                    self.running.clear()
+                    break
                 if not self.running:
                     break
                 record, outcome = await receive.receive()
@@ -493,6 +503,8 @@ class Prover:
                         other.scope.cancel()
                     self.running.clear()
                     break
+        if failure is not None:
+            raise failure
         return self._result()
 
     def _result(self) -> ProveResult:
