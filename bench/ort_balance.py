@@ -19,8 +19,9 @@ Two parts:
   attributed back to the original nodes it replaced (the default).
 
     python bench/ort_balance.py --repeat 3             # CLI table
-    python bench/ort_balance.py --schemes --repeat 3   # scheme table
+    python bench/ort_balance.py --schemes --repeat 3   # scheme tables
     python bench/ort_balance.py --quick                # cnn and shared_weights, 3 devices, 1 repeat
+    python bench/ort_balance.py [--schemes] --render   # the tables again from bench/out JSON
 """
 
 from __future__ import annotations
@@ -111,11 +112,17 @@ class Measured:
 
     def json(self) -> dict[str, Any]:
         return {
-            "predicted": self.predicted,
-            "measured": self.measured,
+            "predicted": list(self.predicted),
+            "measured": list(self.measured),
             "throughput": self.throughput,
             "digest": self.digest,
         }
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Measured:
+        return cls(
+            tuple(data["predicted"]), tuple(data["measured"]), data["throughput"], data["digest"]
+        )
 
 
 # --- CLI ------------------------------------------------------------------------------------------
@@ -147,31 +154,22 @@ def _from_report(attempt: Mapping[str, Any]) -> Measured:
     )
 
 
-def cli_table(models: Sequence[Model], devices: Sequence[int], repeat: int) -> dict[str, Any]:
-    rows, raw = [], []
+def run_cli(models: Sequence[Model], devices: Sequence[int], repeat: int) -> list[dict[str, Any]]:
+    """Per cell: the analytic runs, and each measured run's re-plan (or its first attempt when
+    the re-plan gave the analytic split back, which the prover does not compile again)."""
+    cells = []
     for model in models:
         for n in devices:
-            before: list[Measured] = []
-            after: list[Measured] = []
-            same = 0
+            cell: dict[str, Any] = {"model": model.kind, "devices": n, "before": [], "after": []}
+            cell["replanned"] = []
             for _ in range(repeat):
-                before.append(cli_run(model, n, "analytic")[0])
+                cell["before"].append(cli_run(model, n, "analytic")[0].json())
                 first, replan = cli_run(model, n, "measured")
-                same += replan is None
-                after.append(replan or first)
-            raw.append(
-                {
-                    "model": model.label,
-                    "devices": n,
-                    "before": [m.json() for m in before],
-                    "after": [m.json() for m in after],
-                }
-            )
-            note = f" (re-plan = same split in {same}/{repeat})" if same else ""
-            rows.append([f"{model.kind}", n, "analytic", *_cells(before)])
-            rows.append(["", "", f"measured{note}", *_cells(after)])
-            print(markdown_table(CLI_HEADER, rows[-2:]), flush=True)
-    return {"rows": rows, "raw": raw}
+                cell["after"].append((replan or first).json())
+                cell["replanned"].append(replan is not None)
+            cells.append(cell)
+            print(render_cli([cell]), flush=True)
+    return cells
 
 
 CLI_HEADER = (
@@ -186,21 +184,37 @@ CLI_HEADER = (
 )
 
 
-def _cells(runs: Sequence[Measured]) -> list[str]:
-    """Stage times: the median over repeats of each stage (repeats of one plan share a split)."""
+def render_cli(cells: Sequence[Mapping[str, Any]]) -> str:
+    rows = []
+    for cell in cells:
+        before = [Measured.of(m) for m in cell["before"]]
+        after = [Measured.of(m) for m in cell["after"]]
+        planned = [m for m, again in zip(after, cell["replanned"], strict=True) if again]
+        same = len(after) - len(planned)
+        note = f" (re-plan = analytic split in {same}/{len(after)})" if same else ""
+        rows.append([cell["model"], cell["devices"], "analytic", *_cells(before)])
+        rows.append(["", "", f"measured{note}", *_cells(after, planned)])
+    return markdown_table(CLI_HEADER, rows)
+
+
+def _cells(runs: Sequence[Measured], planned: Sequence[Measured] | None = None) -> list[str]:
+    """Per-stage medians over the repeats that share the split shown; balances over all repeats.
+
+    ``planned``: the runs whose prediction to show; empty when none was re-planned.
+    """
     digests = {m.digest for m in runs}
-    pick = [m for m in runs if m.digest == runs[-1].digest]
-    predicted = pick[-1].predicted
+    chosen = (runs if planned is None else planned or runs)[-1]
+    pick = [m for m in runs if m.digest == chosen.digest]
+    predicted = chosen.predicted
     measured = [statistics.median(m.measured[s] for m in pick) for s in range(len(predicted))]
-    balances = [balance(m.measured) for m in runs]
-    throughputs = [m.throughput for m in runs]
     splits = "" if len(digests) == 1 else f" ({len(digests)} splits)"
+    same = planned is not None and not planned
     return [
-        _us(predicted),
-        f"{balance(predicted):.2f}",
+        "analytic split" if same else _us(predicted),
+        "" if same else f"{balance(predicted):.2f}",
         _us(measured) + splits,
-        _spread(balances, "{:.2f}"),
-        _spread(throughputs, "{:.0f}"),
+        _spread([balance(m.measured) for m in runs], "{:.2f}"),
+        _spread([m.throughput for m in runs], "{:.0f}"),
     ]
 
 
@@ -218,15 +232,14 @@ def _spread(values: Sequence[float], fmt: str) -> str:
 # --- profiling schemes, in-process ----------------------------------------------------------------
 
 
-def scheme_run(model: Model, devices: int, scheme: str, work: Path) -> tuple[Measured, Measured]:
-    """(analytic plan profiled and measured, re-plan on those node times measured), as the CLI."""
+def scheme_run(model: Model, devices: int, scheme: str, work: Path) -> Measured:
+    """The re-plan on the analytic plan's profiled node times, measured, as the CLI does it."""
     config, target, ort = PlanConfig(), BUILTIN_TARGETS["cpu"], OrtConfig()
     analysis = analyze_file(model.path(), config)
     first_plan = make_plan(analysis, target, devices, config)
-    first = _attempt(analysis, first_plan, work / "first", devices, scheme, ort, profile=True)
-    second_plan = make_plan(analysis, target, devices, config, measured_times=first[1])
-    second = _attempt(analysis, second_plan, work / "second", devices, scheme, ort, profile=False)
-    return first[0], second[0]
+    _, times = _attempt(analysis, first_plan, work / "first", devices, scheme, ort, profile=True)
+    second_plan = make_plan(analysis, target, devices, config, measured_times=times)
+    return _attempt(analysis, second_plan, work / "second", devices, scheme, ort, profile=False)[0]
 
 
 def _attempt(
@@ -262,6 +275,23 @@ def _attempt(
     return measured, dict(outcome.details.get("node_times_s", {}))
 
 
+def run_schemes(
+    models: Sequence[Model], devices: Sequence[int], repeat: int
+) -> list[dict[str, Any]]:
+    """Repeats interleave the schemes, so a burst of load on the machine hits them all alike."""
+    cells = []
+    with tempfile.TemporaryDirectory(prefix="ort-schemes-") as folder:
+        for model in models:
+            for n in devices:
+                runs: dict[str, list[Any]] = {scheme: [] for scheme in SCHEMES}
+                for _ in range(repeat):
+                    for scheme in SCHEMES:
+                        runs[scheme].append(scheme_run(model, n, scheme, Path(folder)).json())
+                cells.append({"model": model.kind, "devices": n, "runs": runs})
+                print(render_schemes(cells[-1:])[0], flush=True)
+    return cells
+
+
 SCHEME_HEADER = (
     "model",
     "devices",
@@ -274,51 +304,48 @@ SCHEME_HEADER = (
     "slowest stage vs before",
     "throughput /s, median [min–max]",
 )
+TOTALS_HEADER = (
+    "scheme",
+    "measured balance, geometric mean",
+    "median",
+    "worst",
+    "predicted / measured slowest, geometric mean",
+    "slowest stage vs before, geometric mean",
+)
 
 
-def scheme_table(models: Sequence[Model], devices: Sequence[int], repeat: int) -> dict[str, Any]:
-    """Repeats interleave the schemes, so a burst of load on the machine hits them all alike."""
-    rows, raw = [], []
-    summary: dict[str, dict[str, list[float]]] = {
+def render_schemes(cells: Sequence[Mapping[str, Any]]) -> tuple[str, str, str]:
+    """(every cell and scheme, measured balance per cell by scheme, totals by scheme)."""
+    rows, matrix = [], []
+    totals: dict[str, dict[str, list[float]]] = {
         s: {"balance": [], "error": [], "slowest": []} for s in SCHEMES
     }
-    baseline = next(iter(SCHEMES))
-    with tempfile.TemporaryDirectory(prefix="ort-schemes-") as folder:
-        for model in models:
-            for n in devices:
-                after: dict[str, list[Measured]] = {scheme: [] for scheme in SCHEMES}
-                for _ in range(repeat):
-                    for scheme in SCHEMES:
-                        after[scheme].append(scheme_run(model, n, scheme, Path(folder))[1])
-                reference = statistics.median(max(m.measured) for m in after[baseline])
-                for scheme, runs in after.items():
-                    errors = [max(m.predicted) / max(m.measured) for m in runs]
-                    slowest = statistics.median(max(m.measured) for m in runs) / reference
-                    summary[scheme]["balance"] += [balance(m.measured) for m in runs]
-                    summary[scheme]["error"] += errors
-                    summary[scheme]["slowest"].append(slowest)
-                    raw.append(
-                        {
-                            "model": model.label,
-                            "devices": n,
-                            "scheme": scheme,
-                            "after": [m.json() for m in runs],
-                        }
-                    )
-                    cells = _cells(runs)
-                    rows.append(
-                        [
-                            model.kind,
-                            n,
-                            scheme,
-                            *cells[:4],
-                            _spread(errors, "{:.2f}"),
-                            f"{slowest:.2f}",
-                            cells[4],
-                        ]
-                    )
-                print(markdown_table(SCHEME_HEADER, rows[-len(SCHEMES) :]), flush=True)
-    totals = [
+    for cell in cells:
+        runs = {s: [Measured.of(m) for m in cell["runs"][s]] for s in SCHEMES}
+        before = statistics.median(max(m.measured) for m in runs[next(iter(SCHEMES))])
+        line = [cell["model"], cell["devices"]]
+        for scheme, found in runs.items():
+            errors = [max(m.predicted) / max(m.measured) for m in found]
+            slowest = statistics.median(max(m.measured) for m in found) / before
+            balances = [balance(m.measured) for m in found]
+            totals[scheme]["balance"] += balances
+            totals[scheme]["error"] += errors
+            totals[scheme]["slowest"].append(slowest)
+            cells_ = _cells(found)
+            rows.append(
+                [
+                    cell["model"],
+                    cell["devices"],
+                    scheme,
+                    *cells_[:4],
+                    _spread(errors, "{:.2f}"),
+                    f"{slowest:.2f}",
+                    cells_[4],
+                ]
+            )
+            line.append(f"{statistics.median(balances):.2f} ({statistics.median(errors):.2f})")
+        matrix.append(line)
+    total_rows = [
         [
             scheme,
             f"{statistics.geometric_mean(v['balance']):.3f}",
@@ -327,19 +354,13 @@ def scheme_table(models: Sequence[Model], devices: Sequence[int], repeat: int) -
             f"{statistics.geometric_mean(v['error']):.2f}",
             f"{statistics.geometric_mean(v['slowest']):.2f}",
         ]
-        for scheme, v in summary.items()
+        for scheme, v in totals.items()
     ]
-    return {"rows": rows, "totals": totals, "raw": raw}
-
-
-TOTALS_HEADER = (
-    "scheme",
-    "measured balance after, geometric mean",
-    "median",
-    "worst",
-    "predicted / measured slowest, geometric mean",
-    "slowest stage vs before, geometric mean",
-)
+    return (
+        markdown_table(SCHEME_HEADER, rows),
+        markdown_table(("model", "devices", *SCHEMES), matrix),
+        markdown_table(TOTALS_HEADER, total_rows),
+    )
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -352,30 +373,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, nargs="*", default=[2, 3, 4])
     parser.add_argument("--models", nargs="*", choices=[m.kind for m in MODELS])
     parser.add_argument("--quick", action="store_true", help="cnn and shared_weights, 3 devices")
+    parser.add_argument("--render", action="store_true", help="print the tables of the last run")
     args = parser.parse_args(argv)
-    models = [m for m in MODELS if args.models is None or m.kind in args.models]
-    devices, repeat = args.devices, args.repeat
-    if args.quick:
-        models = [m for m in MODELS if m.kind in ("cnn", "shared_weights")]
-        devices, repeat = [3], 1
-    info = machine()
-    info["loadavg_start"] = os.getloadavg()
-    if args.schemes:
-        result = scheme_table(models, devices, repeat)
-        tables = [
-            markdown_table(SCHEME_HEADER, result["rows"]),
-            markdown_table(TOTALS_HEADER, result["totals"]),
-        ]
+    path = HERE / ("schemes.json" if args.schemes else "cli.json")
+    if args.render:
+        saved = json.loads(path.read_text())
+        info, cells = saved["machine"], saved["cells"]
     else:
-        result = cli_table(models, devices, repeat)
-        tables = [markdown_table(CLI_HEADER, result["rows"])]
-    info["loadavg_end"] = os.getloadavg()
-    write_json(HERE / ("schemes.json" if args.schemes else "cli.json"), {"machine": info, **result})
+        models = [m for m in MODELS if args.models is None or m.kind in args.models]
+        devices, repeat = args.devices, args.repeat
+        if args.quick:
+            models = [m for m in MODELS if m.kind in ("cnn", "shared_weights")]
+            devices, repeat = [3], 1
+        info = machine()
+        info["loadavg_start"] = os.getloadavg()
+        info["models"] = [m.label for m in models]
+        info["repeat"] = repeat
+        cells = (run_schemes if args.schemes else run_cli)(models, devices, repeat)
+        info["loadavg"] = os.getloadavg()
+        write_json(path, {"machine": info, "cells": cells})
+    tables = render_schemes(cells) if args.schemes else (render_cli(cells),)
     print()
     print(machine_markdown(info))
     print(
-        f"Load average at the start: {info['loadavg_start'][0]:.2f}; "
-        f"models: {'; '.join(m.label for m in models)}."
+        f"1-minute load average {info['loadavg_start'][0]:.2f} at the start; "
+        f"{info['repeat']} repeat(s); models: {'; '.join(info['models'])}."
     )
     for table in tables:
         print()

@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from sharderd import examples
 from sharderd.backends import onnxruntime as backend
+from sharderd.backends import ort_profile as backend_profile
 from sharderd.backends.ort_pipeline import time_calls, time_pipeline
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
 from sharderd.config import PlanConfig
@@ -573,3 +574,179 @@ def test_time_calls_counts_warmup_apart() -> None:
     calls = []
     times = time_calls(lambda: calls.append(1), warmup=2, runs=4)
     assert len(calls) == 6 and times.shape == (4,) and (times >= 0).all()
+
+
+# --- profile attribution and optimization levels --------------------------------------------------
+
+
+def _graph(nodes: list[onnx.NodeProto], initializers: tuple[str, ...] = ()) -> onnx.GraphProto:
+    """A graph for region tests: only names and edges matter, so shapes are left out."""
+    return helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.zeros(1, np.float32), name) for name in initializers],
+    )
+
+
+def test_fused_time_goes_back_to_the_nodes_it_replaced() -> None:
+    """A fused node's time splits over its originals by unfused weight; folded nodes get 0."""
+    original = _graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+            helper.make_node("BatchNormalization", ["c"], ["b"], name="bn"),
+            helper.make_node("Relu", ["b"], ["r"], name="relu"),
+            helper.make_node("Shape", ["w"], ["s"], name="fold"),
+            helper.make_node("Reshape", ["r", "s"], ["y"], name="use"),
+        ],
+        ("w",),
+    )
+    executed = _graph(
+        [
+            helper.make_node("FusedConv", ["x", "w2"], ["r"], name="fused"),
+            helper.make_node("Reshape", ["r", "s"], ["y"], name="use"),
+        ],
+        ("w2", "s"),
+    )
+    times = {"fused": 30.0, "use": 5.0, "ghost": 3.6}
+    weights = {"conv": 20.0, "bn": 6.0, "relu": 4.0, "fold": 1.0, "use": 5.0}
+    got = backend_profile.attribute_times(original, executed, times, weights)
+    stray = {name: 3.6 * w / 36 for name, w in weights.items()}  # "ghost" ran in no region
+    assert got == pytest.approx(
+        {
+            "conv": 20 + stray["conv"],
+            "bn": 6 + stray["bn"],
+            "relu": 4 + stray["relu"],
+            "fold": stray["fold"],
+            "use": 5 + stray["use"],
+        }
+    )
+    assert sum(got.values()) == pytest.approx(sum(times.values()))
+    by_name = backend_profile.attribute_times(original, None, times, weights)
+    assert by_name["use"] == pytest.approx(5 + 33.6 * 5 / 36)  # without the executed graph
+    assert by_name["conv"] == pytest.approx(33.6 * 20 / 36)
+
+
+def test_nchwc_nodes_keep_one_region_per_convolution() -> None:
+    """Convolutions linked by NCHWc reorder tensors stay apart: each is named after its output."""
+    original = _graph(
+        [
+            helper.make_node("Conv", ["x"], ["a"], name="conv1"),
+            helper.make_node("Relu", ["a"], ["b"], name="relu1"),
+            helper.make_node("Conv", ["b"], ["c"], name="conv2"),
+            helper.make_node("Relu", ["c"], ["y"], name="relu2"),
+        ]
+    )
+    executed = _graph(
+        [
+            helper.make_node("ReorderInput", ["x"], ["t0"], name="ReorderInput"),
+            helper.make_node("Conv", ["t0"], ["t1"], name="b_nchwc"),
+            helper.make_node("Conv", ["t1"], ["t2"], name="y_nchwc"),
+            helper.make_node("ReorderOutput", ["t2"], ["y"], name="ReorderOutput"),
+        ]
+    )
+    times = {"ReorderInput": 1.0, "b_nchwc": 10.0, "y_nchwc": 20.0, "ReorderOutput": 2.0}
+    weights = {"conv1": 8.0, "relu1": 2.0, "conv2": 6.0, "relu2": 2.0}
+    got = backend_profile.attribute_times(original, executed, times, weights)
+    assert got == pytest.approx({"conv1": 8.8, "relu1": 2.2, "conv2": 16.5, "relu2": 5.5})
+
+
+def test_trace_run_times_are_medians_after_warmup() -> None:
+    """model_run events give the whole run's median, warm-up runs skipped; none recorded is 0."""
+    trace = {
+        "traceEvents": [
+            *({"cat": "Session", "name": "model_run", "dur": d} for d in (900, 40, 60, 50)),
+            {"cat": "Session", "name": "session_initialization", "dur": 5000},
+        ]
+    }
+    assert backend_profile.run_times_from_trace(trace, skip=1) == pytest.approx(50e-6)
+    assert backend_profile.run_times_from_trace([], skip=1) == 0.0
+
+
+def test_profiling_at_all_times_the_fused_graph_and_keeps_every_node(
+    model_path: Callable[..., Path],
+) -> None:
+    """At ``all`` the CNN runs fewer nodes than it has, yet every node gets a time and none is lost."""
+    model = shard(model_path("cnn"), 3)
+    outcome = attempt(model, 3, profile=True)
+    assert outcome.outcome == "ok", outcome.message
+    assert outcome.details is not None
+    profile = outcome.details["profile"]
+    assert profile["optimization"] == "all" and outcome.details["graph_optimization"] == "all"
+    times = outcome.details["node_times_s"]
+    names = {n.name for n in onnx.load(str(model), load_external_data=False).graph.node}
+    assert set(times) == names and all(t >= 0 for t in times.values())
+    stages = profile["stages"]
+    assert sum(s["nodes"] for s in stages) == len(names)
+    assert all(s["executed_nodes"] < s["nodes"] for s in stages)  # BatchNorm and Relu fused
+    assert sum(times.values()) == pytest.approx(sum(s["kernel_s"] for s in stages))
+
+
+def test_profile_optimization_off_times_every_original_node(
+    model_path: Callable[..., Path],
+) -> None:
+    """profile_optimization = off profiles the unfused graph: one executed node per original node."""
+    model = shard(model_path("cnn"), 3)
+    outcome = attempt(model, 3, profile=True, profile_optimization="off")
+    assert outcome.outcome == "ok", outcome.message
+    assert outcome.details is not None
+    profile = outcome.details["profile"]
+    assert profile["optimization"] == "off"
+    assert all(s["executed_nodes"] == s["nodes"] for s in profile["stages"])
+    bad = attempt(model, 3, graph_optimization="max")
+    assert bad.outcome == "invalid"
+    assert "graph_optimization and profile_optimization must be one of off, basic" in bad.message
+
+
+def test_no_session_is_given_the_annotated_model(
+    model_path: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The annotated file fails in onnxruntime as written; no session the backend builds sees an annotation."""
+    import onnxruntime
+
+    model = shard(model_path("shared_weights"), 3)
+    with pytest.raises(Exception, match="FusedGemm"):
+        onnxruntime.InferenceSession(str(model))
+    seen: list[onnx.ModelProto] = []
+
+    class Recorded(onnxruntime.InferenceSession):  # type: ignore[misc]
+        def __init__(self, path_or_bytes: Any, *args: Any, **kwargs: Any) -> None:
+            seen.append(onnx.load_from_string(path_or_bytes))
+            super().__init__(path_or_bytes, *args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", Recorded)
+    outcome = attempt(model, 3, measure=True, profile=True)
+    assert outcome.outcome == "ok", outcome.message
+    assert len(seen) == 1 + 3 + 3 * 2  # reference, stages, two profiles per stage
+    attributes = {a.name for m in seen for n in m.graph.node for a in n.attribute}
+    assert not attributes & {"__ipu_number", "__pipeline_stage"}
+
+
+def test_profiled_times_are_scaled_to_the_measured_stage_times(
+    model_path: Callable[..., Path],
+) -> None:
+    """When measuring, each stage's node times sum to its measured median; unscaled, to its kernels."""
+    model = shard(model_path("chain"), 3)
+    stage_of = {
+        n.name: next(a.i for a in n.attribute if a.name == "__pipeline_stage")
+        for n in onnx.load(str(model), load_external_data=False).graph.node
+    }
+
+    def per_stage(times: Mapping[str, float]) -> list[float]:
+        sums = [0.0, 0.0, 0.0]
+        for name, seconds in times.items():
+            sums[stage_of[name]] += seconds
+        return sums
+
+    scaled = attempt(model, 3, profile=True, measure=True)
+    assert scaled.outcome == "ok" and scaled.details is not None, scaled.message
+    assert per_stage(scaled.details["node_times_s"]) == pytest.approx(
+        scaled.details["stage_times_s"]
+    )
+    assert all(s["scale"] > 0 for s in scaled.details["profile"]["stages"])
+    raw = attempt(model, 3, profile=True, measure=True, profile_scale=False)
+    assert raw.outcome == "ok" and raw.details is not None, raw.message
+    stages = raw.details["profile"]["stages"]
+    assert per_stage(raw.details["node_times_s"]) == pytest.approx([s["kernel_s"] for s in stages])
+    assert all(s["scale"] == 1.0 for s in stages)
