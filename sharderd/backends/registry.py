@@ -45,7 +45,14 @@ def resolve_backend(name: str, target: Target) -> str:
     return name
 
 
-def attempt_options(backend: str, config: Config, *, amp: float | None = None, profile: bool = False) -> dict[str, Any]:
+def attempt_options(
+    backend: str,
+    config: Config,
+    *,
+    amp: float | None = None,
+    profile: bool = False,
+    stages_dir: str | None = None,
+) -> dict[str, Any]:
     """The ``AttemptRequest.options`` for one attempt."""
     if backend == "poprt":
         options = asdict(config.poprt)
@@ -66,5 +73,6 @@ def attempt_options(backend: str, config: Config, *, amp: float | None = None, p
             "measure": True,
             "profile": profile,
             "dims": dict(config.plan.dims),
+            **({"write_stages_dir": stages_dir} if ort.write_stages and stages_dir else {}),
         }
     return {}

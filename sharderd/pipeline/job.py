@@ -213,9 +213,14 @@ async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult
     if final["plan"]["digest"] != chosen.key.digest:  # the planner is deterministic; this is a bug
         raise SharderdError("internal error: re-planning the compiled split gave a different split")
     outcome = chosen.outcome
-    if outcome is not None and outcome.artifact and Path(outcome.artifact).is_file():
-        target = spec.out_dir / Path(outcome.artifact).name
-        shutil.copyfile(outcome.artifact, target)
+    artifact = Path(outcome.artifact) if outcome is not None and outcome.artifact else None
+    if artifact is not None and artifact.is_file():
+        target = spec.out_dir / artifact.name
+        shutil.copyfile(artifact, target)
+        final["files"]["artifact"] = str(target)
+    elif artifact is not None and artifact.is_dir():  # onnxruntime's per-stage models
+        target = spec.out_dir / artifact.name
+        shutil.copytree(artifact, target, dirs_exist_ok=True)
         final["files"]["artifact"] = str(target)
     return final
 
@@ -225,7 +230,7 @@ def _extra(proven: ProveResult) -> dict[str, Any]:
     outcome = chosen.outcome
     extra: dict[str, Any] = {"chosen_attempt": chosen.index, "compiles": len(proven.attempts)}
     if outcome is not None:
-        if outcome.artifact and Path(outcome.artifact).is_file():
+        if outcome.artifact and Path(outcome.artifact).exists():
             extra["outputs"] = {"compiled": Path(outcome.artifact).name}
         if outcome.benchmark is not None:
             extra["benchmark"] = {

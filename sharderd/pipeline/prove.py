@@ -422,6 +422,7 @@ class Prover:
                 self.config,
                 amp=record.key.amp if self.backend == "poprt" else None,
                 profile=self.calibrate and self.measured_times is None,
+                stages_dir=str(record.directory / "stages"),
             ),
             tiles_per_device=self.target.tiles,
             benchmark=self.optimal_perf or self.backend == "onnxruntime",
