@@ -22,7 +22,6 @@ never the whole model twice; the concurrent pipeline is then estimated from the 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from sharderd.backends.ort_verify import (
     verification_details,
 )
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
+from sharderd.backends.registry import is_available
 from sharderd.errors import SharderdError
 from sharderd.shard.split import split_stages, write_stages
 
@@ -64,10 +64,8 @@ NOT_INSTALLED = (
 
 
 def available() -> bool:
-    try:
-        return importlib.util.find_spec("onnxruntime") is not None
-    except (ImportError, ValueError):
-        return False
+    """Whether onnxruntime could be imported here, without importing it."""
+    return is_available("onnxruntime")
 
 
 def run_attempt(request: AttemptRequest) -> AttemptOutcome:

@@ -9,7 +9,6 @@ numberless out-of-memory text (no tile, so no device to move work off) and slow 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from collections.abc import Mapping
@@ -20,6 +19,7 @@ import onnx
 
 from sharderd.backends.poprt_errors import parse_compile_error
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest, BenchmarkResult
+from sharderd.backends.registry import is_available
 
 __all__ = ["NOT_INSTALLED", "available", "run_attempt"]
 
@@ -31,10 +31,7 @@ _STAGE_ATTR = "__pipeline_stage"
 
 def available() -> bool:
     """Whether ``poprt`` could be imported here, without importing it (that loads Poplar)."""
-    try:
-        return importlib.util.find_spec("poprt") is not None
-    except (ImportError, ValueError):
-        return False
+    return is_available("poprt")
 
 
 def run_attempt(request: AttemptRequest) -> AttemptOutcome:

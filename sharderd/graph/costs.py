@@ -51,15 +51,9 @@ def compute_costs(graph: onnx.GraphProto, flow: Dataflow, types: Mapping[str, Te
                     f"tensor {name!r} declares {size} bytes (shape {list(tt.shape)}): absurd dims"
                 )
             tensor_bytes[t] = size
-    defaults: dict[str, int] = {}
-    notes: list[str] = []
-    scalars = scalar_constants(graph)
-    flops = np.fromiter(
-        (_node_cost(node, types, scalars, defaults, notes) for node in graph.node),
-        dtype=np.float64,
-        count=len(graph.node),
-    )
-    return GraphCosts(flops, tensor_bytes, tuple(unknown), defaults, tuple(notes))
+    coster = _Coster(types, scalar_constants(graph))
+    flops = np.fromiter((coster.node(node) for node in graph.node), dtype=np.float64, count=len(graph.node))
+    return GraphCosts(flops, tensor_bytes, tuple(unknown), coster.defaults, tuple(coster.notes))
 
 
 def _shape(types: Mapping[str, TensorType], name: str) -> tuple[int, ...] | None:
@@ -69,54 +63,49 @@ def _shape(types: Mapping[str, TensorType], name: str) -> tuple[int, ...] | None
     return None if tt is None else tt.shape
 
 
-def _node_cost(
-    node: onnx.NodeProto,
-    types: Mapping[str, TensorType],
-    scalars: Mapping[str, int],
-    defaults: dict[str, int],
-    notes: list[str],
-) -> float:
-    estimate = node_flops(
-        node,
-        [_shape(types, name) for name in node.input],
-        [_shape(types, name) for name in node.output],
-    )
-    if not estimate.known:
-        key = f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
-        defaults[key] = defaults.get(key, 0) + 1
-    return estimate.flops + _body_cost(node, types, scalars, defaults, notes)
+class _Coster:
+    """Costs nodes (bodies included) against one shape table, collecting what fell back to defaults."""
 
+    __slots__ = ("defaults", "notes", "scalars", "types")
 
-def _body_cost(
-    node: onnx.NodeProto,
-    types: Mapping[str, TensorType],
-    scalars: Mapping[str, int],
-    defaults: dict[str, int],
-    notes: list[str],
-) -> float:
-    """If: the dearer branch; Loop: body × trip count; Scan: body × sequence length."""
-    bodies = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
-    if not bodies:
-        return 0.0
-    costs = {
-        name: sum(_node_cost(inner, types, scalars, defaults, notes) for inner in body.node)
-        for name, body in bodies.items()
-    }
-    if node.op_type == "If":
-        return max(costs.values())
-    if node.op_type == "Loop":
-        trips = scalars.get(node.input[0]) if node.input and node.input[0] else None
-        if trips is None:
-            notes.append(f"Loop {node.name!r}: trip count unknown, body counted once")
-            trips = 1
-        return costs.get("body", 0.0) * trips
-    if node.op_type == "Scan":
-        length = _scan_length(node, types)
-        if length is None:
-            notes.append(f"Scan {node.name!r}: sequence length unknown, body counted once")
-            length = 1
-        return costs.get("body", 0.0) * length
-    return sum(costs.values())
+    def __init__(self, types: Mapping[str, TensorType], scalars: Mapping[str, int]) -> None:
+        self.types = types
+        self.scalars = scalars
+        self.defaults: dict[str, int] = {}
+        self.notes: list[str] = []
+
+    def node(self, node: onnx.NodeProto) -> float:
+        estimate = node_flops(
+            node,
+            [_shape(self.types, name) for name in node.input],
+            [_shape(self.types, name) for name in node.output],
+        )
+        if not estimate.known:
+            key = f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+            self.defaults[key] = self.defaults.get(key, 0) + 1
+        return estimate.flops + self.bodies(node)
+
+    def bodies(self, node: onnx.NodeProto) -> float:
+        """If: the dearer branch; Loop: body × trip count; Scan: body × sequence length."""
+        bodies = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+        if not bodies:
+            return 0.0
+        costs = {name: sum(self.node(inner) for inner in body.node) for name, body in bodies.items()}
+        if node.op_type == "If":
+            return max(costs.values())
+        if node.op_type == "Loop":
+            trips = self.scalars.get(node.input[0]) if node.input and node.input[0] else None
+            if trips is None:
+                self.notes.append(f"Loop {node.name!r}: trip count unknown, body counted once")
+                trips = 1
+            return costs.get("body", 0.0) * trips
+        if node.op_type == "Scan":
+            length = _scan_length(node, self.types)
+            if length is None:
+                self.notes.append(f"Scan {node.name!r}: sequence length unknown, body counted once")
+                length = 1
+            return costs.get("body", 0.0) * length
+        return sum(costs.values())
 
 
 def scalar_constants(graph: onnx.GraphProto) -> dict[str, int]:
