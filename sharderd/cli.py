@@ -17,7 +17,7 @@ from typing import Any
 
 from sharderd import __version__
 from sharderd.config import Config, load_config
-from sharderd.errors import EXIT_OK, ConfigError, SharderdError
+from sharderd.errors import EXIT_FAILED, EXIT_OK, ConfigError, SharderdError
 
 __all__ = ["main"]
 
@@ -63,6 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run the inbox daemon (JSON logs on stdout; the systemd service)")
     p.add_argument("--config", "-c", type=Path, help="sharderd.toml (default: built-in defaults)")
+
+    ops_config = "the daemon's sharderd.toml (default: /etc/sharderd/sharderd.toml if it exists, else built-in defaults)"
+    p = sub.add_parser("status", help="is the daemon up, and its queue and pool (exit 1 when it is not up)")
+    p.add_argument("--config", "-c", type=Path, help=ops_config)
+    p.add_argument("--json", action="store_true", help="print the verdict and status.json as JSON")
+
+    p = sub.add_parser("retry", help="move a failed job's input from state_dir/failed/ back into the inbox")
+    p.add_argument("name", help="the job's folder in state_dir/failed/")
+    p.add_argument("--config", "-c", type=Path, help=ops_config)
+
+    p = sub.add_parser("cancel", help="ask the daemon to cancel a pending or running job (it goes to failed/)")
+    p.add_argument("job_id", help="as in the log's job_id and `sharderd status`")
+    p.add_argument("--config", "-c", type=Path, help=ops_config)
     return parser
 
 
@@ -208,12 +221,71 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _ops_config(args: argparse.Namespace) -> Config:
+    from sharderd.status_cli import OPS_CONFIG
+
+    path = args.config or (OPS_CONFIG if OPS_CONFIG.is_file() else None)
+    return load_config(path)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from sharderd.status_cli import read_status, render_text, status_json
+
+    status = read_status(_ops_config(args))
+    if args.json:
+        print(json.dumps(status_json(status), indent=1))
+    else:
+        print(render_text(status), end="")
+    return EXIT_OK if status.up else EXIT_FAILED
+
+
+def _cmd_retry(args: argparse.Namespace) -> int:
+    from sharderd.daemon.control import retry_failed
+
+    daemon = _ops_config(args).daemon
+    result = retry_failed(daemon.state_dir.absolute() / "failed", daemon.inbox.absolute(), args.name)
+    moved = " and ".join(str(p) for p in result.moved)
+    print(f"retrying {result.name}: moved {moved}")
+    if result.old_job_id:
+        print(f"the failed run was job {result.old_job_id} ({result.reason}); its journal record keeps the error")
+    if result.left is not None:
+        print(f"kept {result.left}: it holds files other than the job's error and reports")
+    return EXIT_OK
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    from sharderd.daemon.control import JobNotFoundError, find_job, request_cancel
+    from sharderd.status_cli import read_status
+
+    config = _ops_config(args)
+    state_dir = config.daemon.state_dir.absolute()
+    status = read_status(config)
+    found = find_job(state_dir, status.report if status.up else None, args.job_id)
+    if found is None:
+        raise JobNotFoundError(f"unknown job id {args.job_id}: not pending or running, and not in the journal under {state_dir}",
+                               hint="`sharderd status` lists pending and running jobs by id.")
+    name, state = found
+    if state in ("succeeded", "failed", "duplicate", "cancelled"):
+        print(f"sharderd: job {args.job_id} ({name}) already finished: {state}; nothing to cancel", file=sys.stderr)
+        return EXIT_FAILED
+    request_cancel(state_dir, args.job_id)
+    if status.up:
+        print(f"cancel requested for job {args.job_id} ({name}, {state}); it moves to failed/ once its attempts are stopped")
+    else:
+        print(f"cancel requested for job {args.job_id} ({name}); the daemon is not up ({status.problem}): "
+              "it cancels the job when it starts")
+    return EXIT_OK
+
+
 _COMMANDS = {
     "plan": _cmd_plan,
     "shard": _cmd_shard,
     "example-model": _cmd_example,
     "check-config": _cmd_check_config,
     "run": _cmd_run,
+    "status": _cmd_status,
+    "retry": _cmd_retry,
+    "cancel": _cmd_cancel,
 }
 
 

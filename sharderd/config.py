@@ -188,6 +188,8 @@ class DaemonConfig:
     """Mode of folders written to the outbox and failed/."""
     metrics_textfile: Path | None = None
     """Prometheus textfile-collector path, rewritten atomically (unset: no metrics file)."""
+    metrics_port: int | None = None
+    """Also serve the metrics on ``http://127.0.0.1:PORT/metrics`` (needs ``prometheus-client``; 0: a free port, logged; unset: no port)."""
 
     def __post_init__(self) -> None:
         _check(self.devices >= 1, "daemon.devices", "must be >= 1")
@@ -197,6 +199,7 @@ class DaemonConfig:
         _check(self.settle_seconds >= 0, "daemon.settle_seconds", "must be >= 0")
         _check(self.rescan_interval > 0, "daemon.rescan_interval", "must be > 0")
         _check(self.shutdown_timeout > 0, "daemon.shutdown_timeout", "must be > 0")
+        _check(self.metrics_port is None or 0 <= self.metrics_port <= 65535, "daemon.metrics_port", "must be a TCP port, 0..65535")
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,8 @@ EVENTS: Final[frozenset[str]] = frozenset({
     "plan.started", "plan.finished",
     "attempt.started", "attempt.finished", "attempt.timeout",
     "job.succeeded", "job.failed", "job.duplicate", "job.cancelled", "job.retried",
-    "outbox.written", "journal.recovered", "status.written",
+    "outbox.written", "journal.recovered", "status.written", "metrics.written", "metrics.served",
+    "cancel.requested", "cancel.ignored",
     "config.loaded", "backend.selected", "env.unset",
     "notify.failed",
 })

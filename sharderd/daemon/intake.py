@@ -8,8 +8,10 @@ either and is left alone.
 
 Bad jobs are claimed and failed rather than ignored, so ops find a readable reason in ``failed/``
 instead of a file that silently sits in the inbox: a folder with two ``.onnx``, a model or sidecar
-that is not a regular file, and symbolic links. The inbox never follows a link (a link would let a
-job read outside the inbox); ``claim`` renames the link itself. Only links that look like a job are
+that is not a regular file, symbolic links, and hard links (any file of the job with more than one
+name). The inbox never follows a link (a link would let a job read outside the inbox); ``claim``
+renames the link itself. A hard link cannot be told from the file it shares an inode with, which
+may live anywhere on the filesystem; reading it would read that file with the daemon's rights. Only links that look like a job are
 claimed: ``<name>.onnx`` (file form) and suffix-less names (folder form); other links are ignored.
 
 Completeness. A file written in place is complete once its stat signature (size, mtime, ctime,
@@ -202,6 +204,8 @@ def _inspect_dir(inbox: Path, entry: str, st: os.stat_result) -> Candidate | Non
         if os.sep not in top_name and _MODEL_RE.search(top_name) and not is_staging_name(top_name):
             models.append(top_name)
             problems.append(_not_regular(rel, sub, "the model") or "")
+        elif top_name != DIR_SIDECAR:  # the sidecar is checked below
+            problems.append(_hard_link(rel, sub, "the file") or "")
     if not models:
         return None  # an empty or half-filled folder is not a job yet
     sidecar: Path | None = None
@@ -240,6 +244,13 @@ def _not_regular(rel: str, st: os.stat_result, what: str) -> str | None:
         return f"{what} {rel} is a symbolic link; sharderd never follows links in the inbox"
     if not stat.S_ISREG(st.st_mode):
         return f"{what} {rel} is not a regular file"
+    return _hard_link(rel, st, what)
+
+
+def _hard_link(rel: str, st: os.stat_result, what: str) -> str | None:
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        return (f"{what} {rel} is a hard link ({st.st_nlink} names for one file, maybe one outside the inbox); "
+                "sharderd never reads such a file: copy it into the inbox instead of linking it")
     return None
 
 

@@ -6,7 +6,10 @@ success is *publish → journal "succeeded" → input to done/*; failure is *jou
 leaves a state recovery finishes without running the job again. ``attempts`` is bumped before every
 run of the planning worker, so a job whose worker (or the whole daemon) keeps dying stops at
 ``max_attempts`` across restarts. A shutdown that cancels a job is not a crash: its count is
-given back and the job stays in ``processing/`` for the next start.
+given back and the job stays in ``processing/`` for the next start. A cancel *request* (the job's
+``JobProgress.cancel_requested`` set before its scope is cancelled) ends the job instead: its
+attempts are dead by the time the cancellation reaches ``run_job``, and it is filed under
+``failed/`` with reason ``cancelled`` (journal state ``cancelled``).
 
 Failures are values here: an expected one (``SharderdError``) and an unexpected one (a bug) both
 end the one job in ``failed/`` with ``error.json`` and ``error.md``; only cancellation propagates.
@@ -54,8 +57,11 @@ __all__ = [
     "WORK_DIR",
     "BadJobError",
     "InternalError",
+    "JobCancelledError",
     "JobContext",
+    "StorageError",
     "WorkerCrashedError",
+    "cancel_claimed",
     "content_key",
     "fail_claimed",
     "finish_recovered",
@@ -86,10 +92,22 @@ class WorkerCrashedError(SharderdError):
     reason = "worker_crashed"
 
 
+class JobCancelledError(SharderdError):
+    """Someone asked for the job to stop (``sharderd cancel``, ``inbox/<name>.cancel``)."""
+
+    reason = "cancelled"
+
+
 class InternalError(SharderdError):
     """A bug in sharderd ended the job; the daemon log has the traceback."""
 
     reason = "internal_error"
+
+
+class StorageError(SharderdError):
+    """The daemon could not read or write the job's files (disk full, permissions): not a bug."""
+
+    reason = "storage"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +133,13 @@ async def run_job(job: ClaimedJob, ctx: JobContext, progress: JobProgress) -> Jo
             return await run.run()
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                run.interrupted()
+                if progress.cancel_requested is None:
+                    run.interrupted()
+                else:
+                    run.cancelled(progress.cancel_requested)
             raise
+        except OSError as exc:  # disk full, permissions; if filing it fails too, the daemon retries
+            return run.fail(_storage_error(exc), None)
         except Exception as exc:  # a bug must cost this job, never the daemon
             return run.fail(_internal_error(exc), None, exc_info=exc)
 
@@ -127,9 +150,17 @@ def fail_claimed(job: ClaimedJob, ctx: JobContext, error: SharderdError) -> JobS
         return _JobRun(job, ctx, JobProgress(job.job_id, job.name)).fail(error, None)
 
 
+def cancel_claimed(job: ClaimedJob, ctx: JobContext, by: str) -> JobState:
+    """File a claimed job that never ran (pending when the request came) as cancelled."""
+    with structlog.contextvars.bound_contextvars(job_id=job.job_id):
+        return _JobRun(job, ctx, JobProgress(job.job_id, job.name)).cancelled(by)
+
+
 def reclaim(found: RecoveredJob) -> ClaimedJob:
     """Rebuild the ``ClaimedJob`` of a folder left in ``processing/`` by an earlier run."""
     job_dir = found.job_dir
+    # An interrupted attempt's hard links to the job's data would look like links made by a dropper.
+    shutil.rmtree(job_dir / WORK_DIR, ignore_errors=True)
     entries = [p.name for p in sorted(job_dir.iterdir()) if not _is_bookkeeping(p.name)]
     candidates = [c for c in (inspect_entry(job_dir, e) for e in entries) if c is not None]
     if len(candidates) == 1:
@@ -221,6 +252,15 @@ def _death_signal(error: SharderdError) -> int | None:
     match = _WORKER_DIED.match(error.message) if type(error) is SharderdError else None
     code = int(match.group(1)) if match else 0
     return -code if code < 0 else None
+
+
+def _storage_error(exc: OSError) -> StorageError:
+    where = f" ({exc.filename})" if exc.filename else ""
+    return StorageError(
+        f"sharderd could not read or write this job's files: {exc.strerror or exc}{where}",
+        hint="Free disk space or give the sharderd user access to that folder (inbox, outbox and "
+             "state_dir must stay writable), then move the input back into the inbox.",
+    )
 
 
 def _internal_error(exc: BaseException) -> InternalError:
@@ -369,7 +409,7 @@ class _JobRun:
             p.attempts += 1
             p.attempts_running += 1
         elif event == "attempt.finished":
-            p.attempts_running = max(0, p.attempts_running - 1)
+            self.ctx.board.attempt_finished(p, str(fields.get("result")), float(fields.get("duration_s") or 0.0))
         self.ctx.board.changed()
         _log.info(event, **fields)
 
@@ -397,16 +437,36 @@ class _JobRun:
              exc_info: BaseException | None = None) -> JobState:
         """Journal the failure, then move the job to ``failed/<name>`` with ``error.json``/``error.md``."""
         info = dict(error.to_dict() if isinstance(error, SharderdError) else error)
-        self.record = self.ctx.journal.record(replace(self.record, state="failed", error=info))
-        shutil.rmtree(self.work_root, ignore_errors=True)
-        shutil.rmtree(self.out, ignore_errors=True)
-        if report is not None:
-            write_report(report, self.job.job_dir)
-        failed = fail_job(self.job.job_dir, self.ctx.dirs.failed, self.job.name, info)
-        self.record = self.ctx.journal.record(replace(self.record, result=str(failed)))
+        failed = self._file_failure(info, report, "failed")
         _log.error("job.failed", name=self.job.name, reason=info.get("reason"), message=info.get("message"),
                    failed=str(failed), duration_s=self._duration(), exc_info=exc_info)
         return "failed"
+
+    def cancelled(self, by: str) -> JobState:
+        """Cancelled on request (its attempts are dead by now): file it under ``failed/``."""
+        error = JobCancelledError(
+            f"cancelled on request ({by})",
+            hint="To run it again: `sharderd retry NAME`, NAME being this job's folder in failed/.")
+        failed = self._file_failure(error.to_dict(), None, "cancelled")
+        self.ctx.pool.forget(self.job.job_id)
+        _log.warning("job.cancelled", name=self.job.name, reason="requested", by=by, failed=str(failed),
+                     duration_s=self._duration())
+        return "cancelled"
+
+    def _file_failure(self, info: dict[str, Any], report: Mapping[str, Any] | None, state: JobState) -> Path:
+        """Journal ``state``, then move the job to ``failed/<name>`` with ``error.json``/``error.md``."""
+        shutil.rmtree(self.work_root, ignore_errors=True)  # first: a partial result may be what filled the disk
+        shutil.rmtree(self.out, ignore_errors=True)
+        self.record = self.ctx.journal.record(replace(self.record, state=state, error=info))
+        daemon = self.ctx.config.daemon
+        if report is not None:
+            write_report(report, self.job.job_dir)
+            for name in _REPORTS:
+                (self.job.job_dir / name).chmod(daemon.file_mode)
+        failed = fail_job(self.job.job_dir, self.ctx.dirs.failed, self.job.name, info,
+                          file_mode=daemon.file_mode, dir_mode=daemon.dir_mode)
+        self.record = self.ctx.journal.record(replace(self.record, result=str(failed)))
+        return failed
 
     def retire_input(self, result: Path | None = None) -> None:
         """The input leaves ``processing/``: to ``done/<name>`` (``keep_input``), beside a copy of

@@ -192,6 +192,9 @@ def _write_temp(final: Path, text: str) -> Path:
     try:
         os.write(fd, text.encode("utf-8"))
         os.fsync(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # disk full: leave no temp file behind for the next write to trip on
+        raise
     finally:
         os.close(fd)
     return tmp
@@ -237,7 +240,7 @@ class RecoveryReport:
     stale: tuple[JobRecord, ...] = ()
     """Non-terminal records whose ``processing/`` folder is gone; nothing can run, mark them."""
     removed: tuple[Path, ...] = ()
-    """Swept: ``outbox/.tmp-*`` leftovers and empty claim folders."""
+    """Swept: ``outbox/.tmp-*`` and ``index/.*.tmp`` leftovers and empty claim folders."""
 
 
 def recover(state_dir: Path, outbox: Path, *, max_attempts: int = 8, journal: Journal | None = None) -> RecoveryReport:
@@ -245,6 +248,7 @@ def recover(state_dir: Path, outbox: Path, *, max_attempts: int = 8, journal: Jo
     journal = journal or Journal(state_dir)
     records = journal.load_all()
     removed = [_remove(p) for p in sorted(outbox.glob(f"{TMP_PREFIX}*"))]
+    removed += [_remove(p) for p in sorted(journal.index_dir.glob(".*.tmp"))]  # a ``remember`` cut short
     processing = state_dir / "processing"
     resume, to_fail, finish = [], [], []
     seen: set[str] = set()

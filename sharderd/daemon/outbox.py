@@ -89,10 +89,12 @@ def find_published(outbox: Path, name: str, job_id: str) -> Path | None:
 
 
 def fail_job(processing_job_dir: Path, failed_dir: Path, name: str,
-             error: SharderdError | Mapping[str, Any], *, now: float | None = None) -> Path:
+             error: SharderdError | Mapping[str, Any], *, now: float | None = None,
+             file_mode: int = 0o640, dir_mode: int = 0o750) -> Path:
     """Move a job's folder to ``failed/<name>`` with ``error.json`` and ``error.md`` inside.
 
     The two files are written and fsynced before the move, so the failed folder appears complete.
+    They and the folder get ``file_mode``/``dir_mode`` whatever the umask; the input keeps its own.
     """
     info: dict[str, Any] = dict(error.to_dict() if isinstance(error, SharderdError) else error)
     info.setdefault("reason", "error")
@@ -102,8 +104,9 @@ def fail_job(processing_job_dir: Path, failed_dir: Path, name: str,
     info["job_id"] = processing_job_dir.name
     info["name"] = name
     info["time"] = _iso(time.time() if now is None else now)
-    _write_synced(processing_job_dir / "error.json", json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
-    _write_synced(processing_job_dir / "error.md", _error_md(info))
+    _write_synced(processing_job_dir / "error.json", json.dumps(info, indent=2, sort_keys=True, default=str) + "\n", file_mode)
+    _write_synced(processing_job_dir / "error.md", _error_md(info), file_mode)
+    processing_job_dir.chmod(dir_mode)
     fsync_dir(processing_job_dir)
     failed_dir.mkdir(parents=True, exist_ok=True)
     return rename_unique(processing_job_dir, failed_dir, name)
@@ -203,11 +206,13 @@ def _sync_tree(root: Path, file_mode: int, dir_mode: int) -> None:
     root.chmod(dir_mode)
 
 
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+def _write_synced(path: Path, text: str, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    with open(fd, "w", encoding="utf-8") as f:
+        os.fchmod(fd, mode)  # exactly ``mode``: the umask may allow more, an older file may differ
         f.write(text)
         f.flush()
-        os.fsync(f.fileno())
+        os.fsync(fd)
 
 
 def fsync_dir(path: Path) -> None:

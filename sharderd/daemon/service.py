@@ -5,7 +5,8 @@ Three nested task groups, each outliving the one inside it:
 - *root*: signals, the systemd watchdog and the status publisher; they run until the very end, so
   ``WATCHDOG=1`` and ``status.json`` keep coming while jobs drain.
 - *jobs*: one task per claimed job, all sharing one ``AttemptPool(max_parallel_compiles)``.
-- *intake*: the inbox watcher, the periodic rescan and the dispatcher that settles and claims.
+- *intake*: the inbox watcher, the periodic rescan, the dispatcher that settles and claims, and the
+  control task that acts on cancel requests (``daemon/control.py``).
 
 Start-up: refuse root (unless ``allow_root``), create and check the folders, finish what the journal
 says an earlier run left (before any task exists, so a start-up error is a plain ``ConfigError``),
@@ -19,18 +20,23 @@ Admission: a job holds a planning worker (the analysed model, in memory) for its
 at most ``max(cpu count, 2 × max_parallel_compiles)`` jobs run at once; the rest wait *in the
 inbox*, unclaimed, where another daemon sharing the inbox may take them. Among settled entries
 the highest sidecar ``priority`` is claimed first, then the oldest.
+
+Storage faults: a job whose own bookkeeping cannot be written (disk full) stays in ``processing/``
+and, at the next rescan, gets what a restart would give it: finished if its outcome was decided,
+else run again. The daemon itself never stops over a failed write.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import re
 import signal
 import stat
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final, NoReturn, final
@@ -42,6 +48,7 @@ from watchfiles import Change, awatch
 from sharderd import __version__
 from sharderd.backends.pool import AttemptPool
 from sharderd.config import Config, DaemonConfig
+from sharderd.daemon.control import CancelRequest, ControlWatch, ensure_control_dir
 from sharderd.daemon.intake import (
     Candidate,
     ClaimedJob,
@@ -56,18 +63,20 @@ from sharderd.daemon.intake import (
 from sharderd.daemon.jobs import (
     JobContext,
     WorkerCrashedError,
+    cancel_claimed,
     fail_claimed,
     finish_recovered,
     mark_lost,
     reclaim,
     run_job,
 )
-from sharderd.daemon.journal import JobRecord, Journal, recover
+from sharderd.daemon.journal import JobRecord, Journal, RecoveredJob, recover
+from sharderd.daemon.metrics import MetricsExporter
 from sharderd.daemon.notify import Notifier, child_env, watchdog_interval
-from sharderd.daemon.outbox import DaemonDirs, prepare_dirs
+from sharderd.daemon.outbox import DaemonDirs, find_published, prepare_dirs
 from sharderd.daemon.sidecar import load_sidecar
 from sharderd.daemon.status import JobProgress, StatusBoard
-from sharderd.errors import ConfigError, SharderdError
+from sharderd.errors import ConfigError
 from sharderd.logs import get_logger
 
 __all__ = ["serve"]
@@ -88,6 +97,8 @@ _SETTLE_SLACK_S: Final = 0.05
 """Look this long after a settle deadline: entries seen in one scan then settle in one pass (so their
 claims are ordered by priority), and float rounding cannot make the look come too early."""
 _EXTEND_EVERY_S: Final = 5.0
+_CONTROL_POLL_S: Final = 1.0
+"""How often the control task looks for cancel requests (two ``stat`` calls when there are none)."""
 _NETWORK_FS: Final = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "virtiofs", "afs", "ceph",
                                 "glusterfs", "lustre", "gpfs", "beegfs"})
 """Mounts where inotify misses writes made by other hosts; ``watch_mode = "auto"`` polls them."""
@@ -173,6 +184,18 @@ class _Inbox:
         """``time.monotonic()`` value at which a settling entry may be complete."""
         return self.settler.next_due()
 
+    def listing(self) -> Iterator[tuple[str, str]]:
+        """``(job_id, name)`` of every entry, in detection order."""
+        return ((s.job_id, s.candidate.name) for s in self.seen.values())
+
+    def take(self, match: Callable[[str, str], bool]) -> list[_Seen]:
+        """Remove and return the entries ``match(job_id, name)`` selects, settled or not."""
+        taken = [s for s in self.seen.values() if match(s.job_id, s.candidate.name)]
+        for seen in taken:
+            self.settler.forget(seen.candidate.path)
+            del self.seen[seen.candidate.path]
+        return taken
+
     def take_ready(self) -> _Seen | None:
         """The ready entry to claim next, checked once more; None when none is ready."""
         while True:
@@ -211,7 +234,7 @@ class _Inbox:
             return 0
         try:
             return load_sidecar(candidate.sidecar, self.config.daemon).priority
-        except (SharderdError, OSError):
+        except Exception:  # even a parser bug (RecursionError on deep nesting) must not stop the intake
             return 0
 
     def _vanished(self, path: Path) -> None:
@@ -243,6 +266,8 @@ class _Daemon:
         self.max_active = max(os.cpu_count() or 1, 2 * daemon.max_parallel_compiles)
         self.watch_mode, self.force_polling = _watch_mode(daemon)
         self.backlog: list[tuple[ClaimedJob, int]] = []
+        self.stuck: list[tuple[ClaimedJob, int]] = []
+        """Jobs whose bookkeeping failed (disk full?); retried at the next rescan."""
         self.jobs: dict[str, anyio.CancelScope] = {}
         self.stop = anyio.Event()
         self.forced = False
@@ -256,12 +281,19 @@ class _Daemon:
         self._inbox_id = _dir_id(self.dirs.inbox)
         self._inbox_lost = False
         self._job_tg: anyio.abc.TaskGroup | None = None
+        try:
+            self.control_dir = ensure_control_dir(self.dirs.state_dir, daemon.dir_mode)
+        except OSError as exc:
+            raise ConfigError(f"cannot create {self.dirs.state_dir / 'control'}: {exc.strerror}") from None
+        self.metrics = MetricsExporter(daemon.metrics_textfile, daemon.metrics_port)
         _log.info("daemon.started", pid=os.getpid(), version=__version__, config=str(config.source or "(defaults)"),
                   inbox=str(self.dirs.inbox), outbox=str(self.dirs.outbox), state_dir=str(self.dirs.state_dir),
                   runtime_dir=str(self.dirs.runtime), backend=daemon.backend, devices=daemon.devices,
                   max_parallel_compiles=daemon.max_parallel_compiles, max_active_jobs=self.max_active,
                   watch_mode=self.watch_mode, shutdown=daemon.shutdown)
         self._recover()
+        self.board.seed_recent(self.dirs.journal)
+        self.metrics.start()  # last: nothing after it may fail, or its server would outlive us
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -281,7 +313,7 @@ class _Daemon:
             mark_lost(record, self.journal)
         resumed = [(reclaim(f), f.record.priority if f.record else 0) for f in report.resume]
         self.backlog = sorted(resumed, key=lambda item: (-item[1], item[0].job_id))
-        self.board.set_pending(len(self.backlog))
+        self._publish_pending()
         _log.info("journal.recovered", resume=len(report.resume), finished=len(report.finish),
                   failed=len(report.to_fail), lost=len(report.stale), removed=[str(p) for p in report.removed],
                   killed_strays=strays)
@@ -289,6 +321,13 @@ class _Daemon:
     # -- the tree ----------------------------------------------------------------------------
 
     async def run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        try:
+            await self._run(task_status)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.metrics.aclose()
+
+    async def _run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with anyio.create_task_group() as root:
                 root.start_soon(self._handle_signals, signals)
@@ -303,6 +342,7 @@ class _Daemon:
                             self._scan()
                             intake.start_soon(self._rescan)
                             intake.start_soon(self._dispatch)
+                            intake.start_soon(self._control)
                             self.board.set_state("ready")
                             self.notifier.ready(self.board.status_line())
                             _log.info("daemon.ready", inbox=str(self.dirs.inbox), pending=self.board.pending,
@@ -385,6 +425,7 @@ class _Daemon:
             _log.warning("status.written", ok=False, path=str(self.board.path), error=str(exc))
         else:
             _log.debug("status.written", path=str(path))
+        self.metrics.publish(self.board.figures())
 
     # -- intake ------------------------------------------------------------------------------
 
@@ -427,10 +468,20 @@ class _Daemon:
             restarts += 1
 
     async def _consume(self, stop: _WatchStop, polling: bool | None) -> None:
+        """Watch the inbox itself, not below it: a recursive watch (and watchfiles' poller at any
+        depth) follows a symlinked folder in the inbox and walks what it names (``/etc``, ``/``).
+        Polling is our own full scan, which only ``lstat``s; a folder job filled in place is seen by
+        its settle looks or the rescan."""
+        if polling:
+            while not stop.is_set():
+                await anyio.sleep(self.daemon.poll_interval)
+                self._full_scan = True
+                self._wake.set()
+            return
         async for changes in awatch(
             self.dirs.inbox, watch_filter=InboxFilter(self.dirs.inbox), debounce=_WATCH_DEBOUNCE_MS,
             step=_WATCH_STEP_MS, stop_event=stop, rust_timeout=_WATCH_TIMEOUT_MS, force_polling=polling,
-            poll_delay_ms=int(self.daemon.poll_interval * 1000), recursive=True, ignore_permission_denied=True,
+            poll_delay_ms=int(self.daemon.poll_interval * 1000), recursive=False, ignore_permission_denied=True,
         ):
             self._on_changes(changes)
 
@@ -450,6 +501,7 @@ class _Daemon:
         """Catch lost events, a recreated inbox and network filesystems."""
         while True:
             await anyio.sleep(self.daemon.rescan_interval)
+            self._retry_stuck()
             self._check_inbox()
             self._full_scan = True
             self._wake.set()
@@ -511,9 +563,13 @@ class _Daemon:
             if seen is None:
                 break
             self._claim(seen)
-        self.board.set_pending(len(self.inbox) + len(self.backlog))
+        self._publish_pending()
 
-    def _claim(self, seen: _Seen) -> None:
+    def _publish_pending(self) -> None:
+        backlog = ((job.job_id, job.name) for job, _ in self.backlog)
+        self.board.set_pending(len(self.inbox) + len(self.backlog), itertools.chain(backlog, self.inbox.listing()))
+
+    def _claim(self, seen: _Seen, *, cancelled_by: str | None = None) -> None:
         candidate = seen.candidate
         try:
             job = claim(candidate, self.dirs.processing, seen.job_id, dir_mode=self.daemon.dir_mode)
@@ -523,10 +579,34 @@ class _Daemon:
         if job is None:
             _log.debug("job.skipped", job_id=seen.job_id, name=candidate.name, reason="taken before the claim")
             return
-        self.journal.record(JobRecord(job.job_id, job.name, state="claimed", priority=seen.priority))
+        try:
+            self.journal.record(JobRecord(job.job_id, job.name, state="claimed", priority=seen.priority))
+        except OSError as exc:  # disk full: the job task tries to record it again, else it waits as stuck
+            _log.error("daemon.error", job_id=job.job_id, name=job.name, error=str(exc),
+                       message="could not journal the claim")
         _log.info("job.claimed", job_id=job.job_id, name=job.name, kind=job.kind, priority=seen.priority,
                   path=str(job.entry))
-        self._start(job, seen.priority)
+        if cancelled_by is None:
+            self._start(job, seen.priority)
+        else:
+            self._cancel_unstarted(job, seen.priority, cancelled_by)
+
+    def _retry_stuck(self) -> None:
+        """Give each stuck job what a restart would: finish a decided outcome, else queue it again."""
+        stuck, self.stuck = self.stuck, []
+        for job, priority in stuck:
+            try:
+                record = self.journal.get(job.job_id)
+                published = None if record and record.terminal else find_published(self.dirs.outbox, job.name, job.job_id)
+                if published is None and (record is None or not record.terminal):
+                    self.backlog.append((job, priority))
+                    continue
+                found = RecoveredJob(job.job_id, job.name, job.job_dir, record, published)
+                self.board.record_outcome(finish_recovered(found, self.ctx))
+            except (OSError, ValueError) as exc:
+                self.stuck.append((job, priority))
+                _log.error("daemon.error", job_id=job.job_id, name=job.name, error=str(exc),
+                           message="still cannot finish the job's bookkeeping; it stays in processing/")
 
     def _start(self, job: ClaimedJob, priority: int) -> None:
         assert self._job_tg is not None
@@ -540,14 +620,63 @@ class _Daemon:
         try:
             with scope:
                 outcome = await run_job(job, self.ctx, progress)
-        except Exception:  # filing the job itself failed (disk full?): it stays for the next start
+            if scope.cancelled_caught and progress.cancel_requested is not None:
+                outcome = "cancelled"  # run_job filed it under failed/ before the cancellation went on
+        except Exception:  # filing the job itself failed (disk full?): it stays, for the next rescan
+            self.stuck.append((job, progress.priority))
             _log.exception("daemon.error", job_id=job.job_id, name=job.name,
-                           message="could not finish the job's bookkeeping; it stays in processing/")
+                           message="could not finish the job's bookkeeping; it stays in processing/ and is tried again at the next rescan")
         finally:
             self.jobs.pop(job.job_id, None)
             self.board.remove(job.job_id, outcome)
             self._job_ended.set()
             self._wake.set()
+
+
+    # -- control -----------------------------------------------------------------------------
+
+    async def _control(self) -> NoReturn:
+        """Act on cancel requests; polled: they are rare, and files survive a restart."""
+        watch = ControlWatch(self.dirs.inbox, self.control_dir, full_every_s=self.daemon.rescan_interval)
+        while True:
+            for request in watch.poll():
+                self._cancel(request)
+            await anyio.sleep(_CONTROL_POLL_S)
+
+    def _cancel(self, request: CancelRequest) -> None:
+        """Cancel every running, pending or resumable job the request names, then drop the request."""
+        hits = 0
+        for job_id, progress in list(self.board.running.items()):
+            scope = self.jobs.get(job_id)
+            if scope is None or not request.matches(job_id, progress.name):
+                continue
+            hits += 1
+            if progress.cancel_requested is None:
+                progress.cancel_requested = request.by
+                scope.cancel()  # run_job kills its attempts (kill_grace), then files the job
+                _log.info("cancel.requested", job_id=job_id, name=progress.name, by=request.by, stage=progress.stage)
+        for seen in self.inbox.take(request.matches):
+            hits += 1
+            _log.info("cancel.requested", job_id=seen.job_id, name=seen.candidate.name, by=request.by, stage="pending")
+            self._claim(seen, cancelled_by=request.by)
+        for job, priority in [b for b in self.backlog if request.matches(b[0].job_id, b[0].name)]:
+            hits += 1
+            self.backlog.remove((job, priority))
+            _log.info("cancel.requested", job_id=job.job_id, name=job.name, by=request.by, stage="pending")
+            self._cancel_unstarted(job, priority, request.by)
+        request.done()
+        self._publish_pending()
+        if not hits:
+            _log.warning("cancel.ignored", job_id=request.job_id, name=request.name, by=request.by,
+                         message="no pending or running job matches; the request was removed")
+
+    def _cancel_unstarted(self, job: ClaimedJob, priority: int, by: str) -> None:
+        try:
+            self.board.record_outcome(cancel_claimed(job, self.ctx, by))
+        except Exception:  # as in _job_task: the job stays in processing/ until its bookkeeping succeeds
+            self.stuck.append((job, priority))
+            _log.exception("daemon.error", job_id=job.job_id, name=job.name,
+                           message="could not file the cancelled job; it stays in processing/ and is tried again at the next rescan")
 
 
 def _absolute(daemon: DaemonConfig) -> DaemonConfig:

@@ -1,0 +1,299 @@
+"""Operators' requests: cancel a job, retry a failed one. Files, so they need no port and survive a restart.
+
+Cancel. ``sharderd cancel JOB_ID`` writes ``state_dir/control/cancel-<job_id>`` (temp file, then
+rename); anyone who may drop jobs may also drop ``inbox/<name>.cancel``, which cancels every pending
+or running job of that name. The daemon's control task calls ``ControlWatch.poll`` every second:
+two ``stat`` calls, and a listing only when a folder's mtime changed (and every rescan interval
+anyway, for filesystems with coarse mtimes). Each request is acted on, then deleted. One that
+matches nothing is deleted too, with a ``cancel.ignored`` line, so it cannot cancel a later job
+of the same name. A request written while the daemon is down is honoured at its next start.
+
+Retry. ``sharderd retry NAME`` moves the input of ``failed/NAME/`` (the model file or folder, and
+an inbox-style sidecar ``<name>.toml``) back into the inbox: the sidecar first, then the model,
+each with one rename that never replaces anything, so the daemon sees a complete job arrive. What
+stays behind (``error.json``, ``error.md``, the reports) is removed with the emptied folder: the
+journal keeps the failed run's error under its old job id, which ``retry`` prints. A folder that
+holds anything else is left in place, and said so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, final
+
+from sharderd.daemon.intake import inspect_entry, is_staging_name
+from sharderd.daemon.outbox import rename_unique
+from sharderd.daemon.status import iso_time
+from sharderd.errors import EXIT_BAD_INPUT, ConfigError, SharderdError
+
+__all__ = [
+    "CANCEL_SUFFIX",
+    "CONTROL_DIR",
+    "CancelRequest",
+    "ControlWatch",
+    "JobNotFoundError",
+    "RetryResult",
+    "ensure_control_dir",
+    "is_job_id",
+    "request_cancel",
+    "retry_failed",
+]
+
+CONTROL_DIR: Final = "control"
+"""``state_dir/control``: requests to the daemon, one file each."""
+CANCEL_SUFFIX: Final = ".cancel"
+_CANCEL_PREFIX: Final = "cancel-"
+_JOB_ID: Final = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.-]*")
+_LEFT_BEHIND: Final = frozenset({"error.json", "error.md", "report.json", "report.md", "report.html"})
+"""What a failed job's folder holds besides its input; removed by ``retry``."""
+
+
+class JobNotFoundError(SharderdError):
+    """The job a request names is not known (exit 2: the name or id is wrong)."""
+
+    exit_code = EXIT_BAD_INPUT
+    reason = "not_found"
+
+
+def is_job_id(text: str) -> bool:
+    return _JOB_ID.fullmatch(text) is not None
+
+
+def ensure_control_dir(state_dir: Path, mode: int) -> Path:
+    """Create ``state_dir/control`` (the daemon does, with ``dir_mode``: only its users may cancel by id)."""
+    path = state_dir / CONTROL_DIR
+    path.mkdir(mode=mode, exist_ok=True)
+    return path
+
+
+# -- cancel ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """One request file; exactly one of ``job_id`` and ``name`` is set."""
+
+    path: Path
+    job_id: str | None
+    name: str | None
+    by: str
+    """Who asked, for the log and ``error.json``."""
+
+    def matches(self, job_id: str, name: str) -> bool:
+        return job_id == self.job_id if self.job_id is not None else name == self.name
+
+    def done(self) -> None:
+        """The request was acted on (or matched nothing): remove it."""
+        with contextlib.suppress(OSError):  # unremovable: it matches nothing next time, and says so
+            self.path.unlink(missing_ok=True)
+
+
+def find_job(state_dir: Path, status: Mapping[str, Any] | None, job_id: str) -> tuple[str, str] | None:
+    """``(name, state)`` of a job the daemon knows, else None.
+
+    ``state`` is ``running`` or ``pending`` (from ``status.json``), else the journal's state
+    (``claimed`` ... ``succeeded``). A pending job is known only to the daemon, by its status file.
+    """
+    for key, state in (("running", "running"), ("pending_jobs", "pending")):
+        for job in (status or {}).get(key) or ():
+            if isinstance(job, Mapping) and job.get("job_id") == job_id:
+                return str(job.get("name")), state
+    if not is_job_id(job_id):
+        return None
+    try:
+        record = json.loads((state_dir / "journal" / f"{job_id}.json").read_text(encoding="utf-8"))
+        return str(record["name"]), str(record["state"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return (job_id, "claimed") if (state_dir / "processing" / job_id).is_dir() else None
+
+
+def request_cancel(state_dir: Path, job_id: str) -> Path:
+    """Write ``state_dir/control/cancel-<job_id>`` atomically; the daemon acts on it within a second.
+
+    Raises:
+        JobNotFoundError: ``job_id`` is not a job id.
+        SharderdError: The control folder is missing (the daemon never ran here) or not writable.
+    """
+    if not is_job_id(job_id):
+        raise JobNotFoundError(f"{job_id!r} is not a job id (they look like 20250131T120000123Z-1a2b3c4d)")
+    control = state_dir / CONTROL_DIR
+    if not control.is_dir():
+        raise SharderdError(f"{control} does not exist: no daemon has run with state_dir {state_dir}",
+                            hint="Check --config: it must name the daemon's configuration.")
+    final = control / f"{_CANCEL_PREFIX}{job_id}"
+    tmp = control / f".{final.name}.{os.getpid()}.tmp"
+    body = json.dumps({"job_id": job_id, "requested": iso_time(time.time()), "uid": os.getuid(), "pid": os.getpid()})
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # the daemon (another user) must read it whatever our umask
+            os.write(fd, body.encode() + b"\n")
+        finally:
+            os.close(fd)
+        tmp.replace(final)
+    except PermissionError:
+        tmp.unlink(missing_ok=True)
+        raise SharderdError(f"cannot write to {control}: permission denied",
+                            hint="Run it as the daemon's user, e.g. `sudo -u sharderd sharderd cancel ...`, or as root.") from None
+    return final
+
+
+@final
+class ControlWatch:
+    """Finds cancel requests in the control folder and the inbox without listing them every second."""
+
+    __slots__ = ("_full_every", "_key", "_next_full", "_now", "control", "inbox")
+
+    def __init__(self, inbox: Path, control: Path, *, full_every_s: float,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        self.inbox = inbox
+        self.control = control
+        self._full_every = full_every_s
+        self._now = now
+        self._key: tuple[int, ...] = ()
+        self._next_full = 0.0
+
+    def poll(self) -> list[CancelRequest]:
+        """The requests present now, when either folder changed since the last look (or it is time)."""
+        key = tuple(n for path in (self.control, self.inbox) for n in _mtime_key(path))
+        t = self._now()
+        if key == self._key and t < self._next_full:
+            return []
+        self._key, self._next_full = key, t + self._full_every
+        return [*self._by_id(), *self._by_name()]
+
+    def _by_id(self) -> Iterator[CancelRequest]:
+        for entry in _names(self.control):
+            job_id = entry.removeprefix(_CANCEL_PREFIX)
+            if entry.startswith(_CANCEL_PREFIX) and is_job_id(job_id):
+                path = self.control / entry
+                yield CancelRequest(path, job_id, None, _requester(path))
+
+    def _by_name(self) -> Iterator[CancelRequest]:
+        for entry in _names(self.inbox):
+            if entry.endswith(CANCEL_SUFFIX) and not is_staging_name(entry):
+                name = re.sub(r"\.onnx$", "", entry.removesuffix(CANCEL_SUFFIX), flags=re.IGNORECASE)
+                if name:
+                    yield CancelRequest(self.inbox / entry, None, name, f"inbox/{entry}")
+
+
+def _mtime_key(path: Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (0, 0)
+    return (st.st_ino, st.st_mtime_ns)
+
+
+def _names(folder: Path) -> list[str]:
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(e.name for e in entries)
+    except OSError:
+        return []
+
+
+def _requester(path: Path) -> str:
+    try:
+        uid = json.loads(path.read_text(encoding="utf-8")).get("uid")
+    except (OSError, ValueError, AttributeError):
+        uid = None
+    return "sharderd cancel" if uid is None else f"sharderd cancel, uid {uid}"
+
+
+# -- retry -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RetryResult:
+    """What ``retry_failed`` did."""
+
+    name: str
+    """The job name the daemon will see."""
+    moved: tuple[Path, ...]
+    """The inbox entries created (sidecar first)."""
+    old_job_id: str | None
+    """The failed run's job id (from ``error.json``): its journal record keeps the error."""
+    reason: str | None
+    """Why it failed last time."""
+    left: Path | None
+    """The failed folder, when it held files ``retry`` does not know and so was kept."""
+
+
+def retry_failed(failed_dir: Path, inbox: Path, name: str) -> RetryResult:
+    """Move ``failed_dir/name``'s input back into ``inbox``; see the module docstring.
+
+    Raises:
+        JobNotFoundError: No such failed job, or it holds no input.
+        ConfigError: The inbox already has an entry of that job's name.
+    """
+    folder = failed_dir / name
+    if not name or "/" in name or name.startswith(".") or not folder.is_dir() or folder.is_symlink():
+        known = sorted(p.name for p in failed_dir.iterdir() if p.is_dir() and not p.name.startswith(".")) \
+            if failed_dir.is_dir() else []
+        listing = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
+        raise JobNotFoundError(f"no failed job named {name!r} in {failed_dir}",
+                               hint=f"Failed jobs: {listing}." if known else "There are no failed jobs.")
+    candidates = [c for c in (inspect_entry(folder, e.name) for e in sorted(folder.iterdir())) if c is not None]
+    if len(candidates) != 1:
+        what = "no model" if not candidates else f"{len(candidates)} inputs ({', '.join(c.path.name for c in candidates)})"
+        raise JobNotFoundError(f"{folder} holds {what}; move what should run into the inbox by hand")
+    job = candidates[0]
+    outside_sidecar = job.sidecar if job.sidecar is not None and job.sidecar.parent == folder else None
+    taken = [p.name for p in (inbox / job.path.name, inbox / job.name, inbox / f"{job.name}.toml") if os.path.lexists(p)]
+    if taken:
+        raise ConfigError(f"the inbox already has {', '.join(sorted(set(taken)))}: retrying {name} would mix two jobs",
+                          hint="Wait until that job is claimed, or move it away, then retry.")
+    error = _read_error(folder)
+    moved: list[Path] = []
+    try:
+        for src in (outside_sidecar, job.path):
+            if src is not None:
+                moved.append(_move_in(src, inbox))
+    except BaseException:
+        for path in reversed(moved):  # put the sidecar back: no half job left in the inbox
+            with contextlib.suppress(OSError):
+                rename_unique(path, folder, path.name)
+        raise
+    return RetryResult(job.name, tuple(moved), _str(error.get("job_id")), _str(error.get("reason")), _clear(folder))
+
+
+def _move_in(src: Path, inbox: Path) -> Path:
+    """Rename ``src`` into ``inbox`` under its own name, never replacing an entry that appeared meanwhile."""
+    dest = rename_unique(src, inbox, src.name)
+    if dest.name != src.name:  # someone dropped the same name just now: undo, refuse
+        rename_unique(dest, src.parent, src.name)
+        raise ConfigError(f"{inbox / src.name} appeared while retrying; nothing was moved for it")
+    return dest
+
+
+def _read_error(folder: Path) -> Mapping[str, Any]:
+    try:
+        data = json.loads((folder / "error.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _clear(folder: Path) -> Path | None:
+    """Remove what a failed job leaves besides its input; None when the folder is gone."""
+    for entry in folder.iterdir():
+        if entry.name in _LEFT_BEHIND:
+            entry.unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:
+        return folder
+    return None
