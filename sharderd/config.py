@@ -240,6 +240,8 @@ def parse_toml(text: str, where: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: invalid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: invalid TOML: nested too deeply") from None
 
 
 def load_config(path: Path | None = None) -> Config:
@@ -335,7 +337,7 @@ def _custom_target(name: str, table: Mapping[str, Any], where: str) -> Target:
     base_name = table.get("base")
     values: dict[str, Any] = {}
     if base_name is not None:
-        if base_name not in BUILTIN_TARGETS:
+        if not isinstance(base_name, str) or base_name not in BUILTIN_TARGETS:
             raise ConfigError(f"{where}: base {base_name!r} is not a built-in target ({', '.join(BUILTIN_TARGETS)})")
         values = {f.name: getattr(BUILTIN_TARGETS[base_name], f.name) for f in fields(Target)}
     for key, value in table.items():
@@ -345,11 +347,11 @@ def _custom_target(name: str, table: Mapping[str, Any], where: str) -> Target:
             raise ConfigError(f"{where}: unknown key {key!r} (known: base, {', '.join(sorted(_TARGET_KEYS))})")
         values[key] = value
     values["name"] = name
-    if "memory_bytes" not in values and values.get("tiles") and values.get("bytes_per_tile"):
-        values["memory_bytes"] = int(values["tiles"]) * int(values["bytes_per_tile"])
     hints = typing.get_type_hints(Target)
     for key, value in list(values.items()):
         values[key] = _coerce(value, hints[key], f"{where} {key}")
+    if "memory_bytes" not in values and values.get("tiles") and values.get("bytes_per_tile"):
+        values["memory_bytes"] = values["tiles"] * values["bytes_per_tile"]
     missing = [f.name for f in fields(Target) if f.default is dataclasses.MISSING and f.name not in values]
     if missing:
         raise ConfigError(f"{where}: missing key {missing[0]!r} (or set base = \"ipu-mk2\")")

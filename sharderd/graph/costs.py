@@ -125,7 +125,12 @@ def scalar_constants(graph: onnx.GraphProto) -> dict[str, int]:
             and tensor.data_location != onnx.TensorProto.EXTERNAL
             and tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
         ):
-            found[name] = int(onnx.numpy_helper.to_array(tensor).reshape(()))
+            try:
+                found[name] = int(onnx.numpy_helper.to_array(tensor).reshape(()))
+            except ValueError:
+                raise ModelInvalidError(
+                    f"tensor {name!r} is declared as an integer scalar but holds no valid data"
+                ) from None
     return found
 
 

@@ -90,7 +90,28 @@ def parse_model_bytes(data: bytes, where: str) -> onnx.ModelProto:
         raise ModelInvalidError(
             f"{where} is not an ONNX model: it parses, but has no graph, IR version or opset imports"
         )
+    _check_text(model.graph, where)
     return model
+
+
+def _check_text(graph: onnx.GraphProto, where: str) -> None:
+    """Protobuf hands back invalid UTF-8 in string fields as bytes; refuse it here, once."""
+    names: list[object] = [graph.name]
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        names.append(value.name)
+    names.extend(t.name for t in graph.initializer)
+    for node in graph.node:
+        names.extend((node.name, node.op_type, node.domain, *node.input, *node.output))
+        for attr in node.attribute:
+            names.append(attr.name)
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _check_text(attr.g, where)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _check_text(sub, where)
+    bad = next((n for n in names if not isinstance(n, str)), None)
+    if bad is not None:
+        raise ModelInvalidError(f"{where} is not a valid ONNX model: a name is not valid UTF-8 ({bad!r:.80})")
 
 
 def check_external_data(model: onnx.ModelProto, base: Path) -> tuple[ExternalFile, ...]:

@@ -100,13 +100,30 @@ def infer_shapes(light: onnx.ModelProto) -> tuple[dict[str, TensorType], str | N
     """
     error: str | None = None
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(
+            light, check_type=False, strict_mode=False, data_prop=_data_prop_is_safe(light)
+        )
     except Exception as exc:
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         inferred = light
     types: dict[str, TensorType] = {}
     _collect(inferred.graph, types)
     return types, error
+
+
+_DATA_PROP_MAX_ELEMENTS = 1 << 16
+"""onnx's data propagation keeps ~150 bytes per element of 1-D tensors: shape vectors are tiny,
+a 2**24-element input would take gigabytes. Bigger 1-D tensors switch it off."""
+
+
+def _data_prop_is_safe(model: onnx.ModelProto) -> bool:
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) == 1 and dims[0].HasField("dim_value") and dims[0].dim_value > _DATA_PROP_MAX_ELEMENTS:
+            return False
+    tensors = [*model.graph.initializer]
+    tensors += [a.t for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+    return not any(len(t.dims) == 1 and t.dims[0] > _DATA_PROP_MAX_ELEMENTS for t in tensors)
 
 
 def _lightweight_copy(model: onnx.ModelProto) -> onnx.ModelProto:

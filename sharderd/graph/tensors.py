@@ -58,6 +58,10 @@ def tensor_numel(tensor: onnx.TensorProto) -> int:
 
 def tensor_nbytes(tensor: onnx.TensorProto) -> int:
     """Size from dims × dtype, whether the data is inline, external or absent."""
+    if any(d < 0 for d in tensor.dims):
+        from sharderd.errors import ModelInvalidError
+
+        raise ModelInvalidError(f"tensor {tensor.name!r} has a negative dim {list(tensor.dims)}")
     return shape_bytes(tuple(tensor.dims), tensor.data_type)
 
 
