@@ -19,6 +19,7 @@ __all__ = [
     "CompileFailedError",
     "ConfigError",
     "ModelInvalidError",
+    "OutputWriteError",
     "PlanInfeasibleError",
     "SharderdError",
     "VerificationError",
@@ -120,6 +121,13 @@ class CompileFailedError(SharderdError):
 
     exit_code = EXIT_FAILED
     reason = "compile_failed"
+
+
+class OutputWriteError(SharderdError):
+    """Results could not be written (disk full, permission denied); the input is kept for a retry."""
+
+    exit_code = EXIT_FAILED
+    reason = "cannot_write"
 
 
 class VerificationError(SharderdError):

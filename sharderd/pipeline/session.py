@@ -24,6 +24,7 @@ from sharderd.config import PlanConfig
 from sharderd.errors import (
     ConfigError,
     ModelInvalidError,
+    OutputWriteError,
     PlanInfeasibleError,
     SharderdError,
 )
@@ -92,7 +93,15 @@ class PlanService:
         result: dict[str, Any] = {"plan": plan_section(plan, self.plan_config.batch_size)}
         if request.write_dir is not None:
             out = Path(request.write_dir)
-            files = write_shard_files(self.analysis, plan, out, request.stem, link_external=request.link_external)
+            try:
+                files = write_shard_files(
+                    self.analysis, plan, out, request.stem, link_external=request.link_external
+                )
+            except OSError as exc:
+                raise OutputWriteError(
+                    f"cannot write the sharded model to {out}: {exc.strerror or exc}",
+                    hint="free space or fix permissions on the output folder, then retry the job",
+                ) from None
             result["plan"] = plan_section(plan, self.plan_config.batch_size, files.routed)
             result["files"] = {
                 "model": str(files.model),
@@ -126,6 +135,7 @@ class LocalSession:
 
 
 _ERRORS: dict[str, type[SharderdError]] = {
+    OutputWriteError.reason: OutputWriteError,
     ModelInvalidError.reason: ModelInvalidError,
     ConfigError.reason: ConfigError,
 }
