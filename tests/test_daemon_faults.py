@@ -47,7 +47,10 @@ from daemon_helpers import (
 )
 
 from sharderd import examples
+from sharderd.config import DaemonConfig
 from sharderd.daemon.intake import inspect_entry
+from sharderd.daemon.sidecar import load_sidecar
+from sharderd.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the daemon reads /proc and uses inotify")
 
@@ -464,6 +467,18 @@ def test_kill_9_mid_attempt_of_a_folder_job_with_external_data_resumes_it(tmp_pa
     finally:
         first.close()
     check_exactly_once(tmp_path, {"folder": digest})
+
+
+def test_a_daemon_max_attempts_above_the_sidecar_limit_applies_to_jobs_with_a_sidecar(tmp_path: Path) -> None:
+    """``[daemon] max_attempts = 108`` (the 100-kill soak's) reaches a job whose sidecar sets only
+    its priority; it used to fail every such job, blaming the sidecar for the daemon's value."""
+    sidecar = tmp_path / "m.toml"
+    sidecar.write_text("priority = 2\n")
+    options = load_sidecar(sidecar, DaemonConfig(max_attempts=108, devices=2))
+    assert (options.max_attempts, options.priority) == (108, 2)
+    sidecar.write_text("max_attempts = 108\n")
+    with pytest.raises(ConfigError, match=r"m\.toml: max_attempts must be between 1 and 100, got 108"):
+        load_sidecar(sidecar, DaemonConfig())
 
 
 def test_restart_sweeps_the_temp_files_a_kill_leaves_mid_write(tmp_path: Path) -> None:

@@ -81,10 +81,12 @@ def load_sidecar(path: Path | None, defaults: DaemonConfig, *, optimal_perf: boo
         max_attempts=base.max_attempts if table.max_attempts is None else table.max_attempts,
         priority=base.priority if table.priority is None else table.priority,
     )
-    if not 1 <= options.devices <= MAX_DEVICES:
-        raise ConfigError(f"{where}: devices must be between 1 and {MAX_DEVICES}, got {options.devices}")
-    if not 1 <= options.max_attempts <= _MAX_ATTEMPTS:
-        raise ConfigError(f"{where}: max_attempts must be between 1 and {_MAX_ATTEMPTS}, got {options.max_attempts}")
+    # Only the sidecar's own values: the daemon's defaults were checked with sharderd.toml, and a
+    # larger [daemon] max_attempts must not fail every job that has a sidecar, blaming the sidecar.
+    if table.devices is not None and not 1 <= table.devices <= MAX_DEVICES:
+        raise ConfigError(f"{where}: devices must be between 1 and {MAX_DEVICES}, got {table.devices}")
+    if table.max_attempts is not None and not 1 <= table.max_attempts <= _MAX_ATTEMPTS:
+        raise ConfigError(f"{where}: max_attempts must be between 1 and {_MAX_ATTEMPTS}, got {table.max_attempts}")
     if table.target is not None and (not table.target or (known_targets is not None and table.target not in known_targets)):
         known = ", ".join(sorted(known_targets or ()))
         raise ConfigError(f"{where}: unknown target {table.target!r}" + (f" (known: {known})" if known else ""))
