@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -67,7 +68,8 @@ def main() -> int:
     parser.add_argument("--distinct", type=int, default=None, help="different contents in the burst (default: all)")
     parser.add_argument("--queue-limit", type=int, default=16, help="inotify max_queued_events for the burst; 0 leaves it")
     parser.add_argument("--skip", action="append", choices=PHASES, default=[], help="leave a phase out (repeatable)")
-    parser.add_argument("--workdir", type=Path, default=None, help="where the daemons' folders go (default: a temp dir)")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="where the daemons' folders go, kept afterwards (default: a temp dir, removed after a passed run)")
     args = parser.parse_args()
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="sharderd-soak-"))
@@ -91,6 +93,8 @@ def main() -> int:
         corpus = corpus_through_daemon(work / "corpus")
         raw["corpus"] = {**dataclasses.asdict(corpus), "seconds": round(time.monotonic() - start, 1)}
         rows.append(_corpus_row(corpus, raw["corpus"]["seconds"]))
+    if args.workdir is None:
+        shutil.rmtree(work)  # a failed run raised above and keeps its folders for a look
     info = machine()
     _merge_json(OUT / "daemon_soak.json", raw, {"machine": info, "args": {k: str(v) for k, v in vars(args).items()}})
     print(markdown_table(("Run", "Size", "Daemon deaths", "Jobs lost", "Held", "Time", "Command"), rows))

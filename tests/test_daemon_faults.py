@@ -585,10 +585,7 @@ def test_disk_too_full_for_the_result_fails_the_job_with_the_reason(small_fs: Pa
         assert daemon.stop() == 0
     error = json.loads((root / "state" / "failed" / "big" / "error.json").read_text())
     assert error["reason"] != "internal_error", error
-    check_exactly_once(root, sources, allow_failed={"big": ""})
-    if "No space left on device" not in error["message"]:
-        # The planning worker dies of the OSError, and its traceback goes to a file on the full disk.
-        pytest.xfail(f"known: pipeline/planworker.py crashes on ENOSPC instead of answering it: {error['message']!r}")
+    check_exactly_once(root, sources, allow_failed={"big": "No space left on device"})
 
 
 @contextlib.contextmanager
