@@ -14,7 +14,7 @@ import onnx
 from sharderd.errors import ModelInvalidError
 from sharderd.graph.tensors import tensor_nbytes
 
-__all__ = ["ShapeInfo", "TensorType", "infer_shapes", "resolve_input_dims", "shape_info"]
+__all__ = ["ShapeInfo", "TensorType", "infer_shapes", "resolve_input_dims", "shape_info", "type_only_copy"]
 
 _STRIP_BYTES = 4096
 
@@ -87,7 +87,7 @@ def resolve_input_dims(
 
 def shape_info(model: onnx.ModelProto, *, batch_size: int, dims: Mapping[str, int]) -> ShapeInfo:
     """Shapes of every tensor for ``batch_size`` and named ``dims``; ``model`` is left untouched."""
-    light = _lightweight_copy(model)
+    light = type_only_copy(model)
     resolved, unresolved = resolve_input_dims(light, batch_size=batch_size, dims=dims)
     types, error = infer_shapes(light)
     return ShapeInfo(types, resolved, tuple(unresolved), error)
@@ -126,7 +126,7 @@ def _data_prop_is_safe(model: onnx.ModelProto) -> bool:
     return not any(len(t.dims) == 1 and t.dims[0] > _DATA_PROP_MAX_ELEMENTS for t in tensors)
 
 
-def _lightweight_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+def type_only_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy for inference: big initializers become dims + dtype stubs (inference needs no values).
 
     The source is never touched, and no weight bytes are copied or measured (``ByteSize`` on a

@@ -22,7 +22,8 @@ import onnx
 
 from sharderd.errors import ModelInvalidError
 from sharderd.graph.dataflow import build_dataflow
-from sharderd.graph.tensors import all_tensors, tensor_nbytes
+from sharderd.graph.shapes import type_only_copy
+from sharderd.graph.tensors import all_tensors
 from sharderd.shard.annotate import IPU_ATTR, STAGE_ATTR
 from sharderd.shard.write import write_model
 
@@ -38,9 +39,6 @@ __all__ = [
 ]
 
 ANNOTATIONS = frozenset({IPU_ATTR, STAGE_ATTR})
-_INLINE_BYTES = 4096
-"""Initializers above this are type-only during shape inference; small ones (shapes) keep values."""
-_STRIPPED = "__sharderd_type_only__"
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +177,7 @@ def infer_value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     gigabytes of inline weights are not serialised again. A model inference cannot handle gives
     what the file itself declares.
     """
-    light = _type_only_copy(model)
+    light = type_only_copy(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
     except Exception:  # inference is best effort: declared types below still apply
@@ -287,28 +285,6 @@ def _typed(
     copy.CopyFrom(value)
     copy.name = name
     return copy
-
-
-def _type_only_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    light = _header_copy(model)
-    src, dst = model.graph, light.graph
-    dst.name = src.name
-    dst.node.extend(src.node)
-    dst.input.extend(src.input)
-    dst.output.extend(src.output)
-    dst.value_info.extend(src.value_info)
-    dst.sparse_initializer.extend(src.sparse_initializer)
-    for tensor in src.initializer:
-        if (
-            tensor.data_location == onnx.TensorProto.EXTERNAL
-            or tensor_nbytes(tensor) <= _INLINE_BYTES
-        ):
-            dst.initializer.append(tensor)
-            continue
-        stub = dst.initializer.add(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type)
-        stub.data_location = onnx.TensorProto.EXTERNAL
-        stub.external_data.add(key="location", value=_STRIPPED)
-    return light
 
 
 def _copy(src: Path, dst: Path) -> None:
