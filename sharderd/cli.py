@@ -30,6 +30,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="override plan.batch_size")
     p.add_argument("--safety-margin", type=float, help="override plan.safety_margin")
     p.add_argument("--name-nodes", action="store_true", help="name unnamed/duplicate nodes <OpType>_<k>")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                   help="static shape of a graph input, as PopRT's --input_shape (repeatable; adds to plan.input_shapes)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                   help="value of a named symbolic dim, e.g. sequence=128 (repeatable; adds to plan.dims)")
+    p.add_argument("--precision", choices=["fp32", "fp16"],
+                   help="plan and write at this precision (default: plan.precision, the model's own)")
+    p.add_argument("--keep-dynamic", action="store_true",
+                   help="write the sharded model with the input dims as the file has them, not the planned static shapes")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,7 +96,42 @@ def _config(args: argparse.Namespace) -> Config:
         plan = replace(plan, safety_margin=args.safety_margin)
     if getattr(args, "name_nodes", False):
         plan = replace(plan, name_nodes=True)
+    if getattr(args, "dim", None):
+        plan = replace(plan, dims={**plan.dims, **dict(_parse_dim(text) for text in args.dim)})
+    if getattr(args, "input_shape", None):
+        shapes = dict(_parse_input_shape(text) for text in args.input_shape)
+        plan = replace(plan, input_shapes={**plan.input_shapes, **shapes})
+    if getattr(args, "precision", None):
+        plan = replace(plan, precision=args.precision)
+    if getattr(args, "keep_dynamic", False):
+        plan = replace(plan, keep_dynamic=True)
     return replace(config, plan=plan)
+
+
+def _parse_dim(text: str) -> tuple[str, int]:
+    name, sep, value = text.rpartition("=")
+    if not sep or not name:
+        raise ConfigError(f"--dim {text!r}: expected NAME=N, e.g. --dim sequence=128")
+    try:
+        size = int(value)
+    except ValueError:
+        raise ConfigError(f"--dim {text!r}: {value!r} is not an integer") from None
+    if size < 1:
+        raise ConfigError(f"--dim {text!r}: dims must be >= 1")
+    return name, size
+
+
+def _parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, value = text.rpartition("=")
+    if not sep or not name:
+        raise ConfigError(f"--input-shape {text!r}: expected NAME=D0,D1,..., e.g. --input-shape input_ids=1,128")
+    try:
+        shape = tuple(int(d) for d in value.split(",")) if value.strip() else ()
+    except ValueError:
+        raise ConfigError(f"--input-shape {text!r}: dims must be integers separated by commas") from None
+    if any(d < 1 for d in shape):
+        raise ConfigError(f"--input-shape {text!r}: dims must be >= 1")
+    return name, shape
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

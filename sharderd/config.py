@@ -43,7 +43,13 @@ class PlanConfig:
     batch_size: int = 1
     """Value for a symbolic leading dim of a graph input that ``dims`` does not name."""
     dims: Mapping[str, int] = field(default_factory=dict)
-    """Named symbolic dims, e.g. ``{ seq_len = 128 }``, resolved before shape inference."""
+    """Named symbolic dims, e.g. ``{ sequence = 128 }``, resolved before shape inference."""
+    input_shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Whole static shapes of graph inputs, e.g. ``{ input_ids = [1, 128] }`` (PopRT's ``--input_shape``)."""
+    precision: Literal["model", "fp32", "fp16"] = "model"
+    """Plan and write at this precision (``fp16``: float weights and tensors in half, graph inputs and outputs keep their type); ``model``: as the file is."""
+    keep_dynamic: bool = False
+    """Write the sharded model with the input dims as the file had them, instead of the planned static shapes."""
     safety_margin: float = 1.15
     """Predicted memory × margin must fit a device; absorbs fragmentation and model error."""
     name_nodes: bool = False
@@ -56,6 +62,9 @@ class PlanConfig:
         _check(self.safety_margin >= 1.0, "plan.safety_margin", "must be >= 1.0")
         for name, value in self.dims.items():
             _check(isinstance(value, int) and value >= 1, f"plan.dims.{name}", "must be an integer >= 1")
+        for name, shape in self.input_shapes.items():
+            _check(all(isinstance(d, int) and d >= 1 for d in shape), f"plan.input_shapes.{name}",
+                   "must be a list of integers >= 1")
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ __all__ = [
     "BackendUnavailableError",
     "CompileFailedError",
     "ConfigError",
+    "DimsUnresolvedError",
     "ModelInvalidError",
     "OutputWriteError",
     "PlanInfeasibleError",
@@ -71,6 +72,24 @@ class ModelInvalidError(SharderdError):
 
     exit_code = EXIT_BAD_INPUT
     reason = "bad_model"
+
+
+class DimsUnresolvedError(SharderdError):
+    """Symbolic input dims nothing gave a value: sharderd never plans on guessed sizes.
+
+    ``dims`` holds ``(input, axis, dim_name)`` for each, so the CLI and the daemon can show the
+    flag or the sidecar line that sets it.
+    """
+
+    exit_code = EXIT_BAD_INPUT
+    reason = "unresolved_dims"
+
+    def __init__(self, message: str, *, hint: str | None = None, dims: tuple[tuple[str, int, str], ...] = ()) -> None:
+        super().__init__(message, hint=hint)
+        self.dims = dims
+
+    def to_dict(self) -> dict[str, object]:
+        return {**super().to_dict(), "dims": [list(d) for d in self.dims]}
 
 
 class PlanInfeasibleError(SharderdError):

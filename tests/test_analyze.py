@@ -18,7 +18,7 @@ from sharderd import examples
 from sharderd.cli import main as cli_main
 from sharderd.config import PlanConfig
 from sharderd.engine import analyze_file
-from sharderd.errors import ModelInvalidError
+from sharderd.errors import DimsUnresolvedError, ModelInvalidError
 
 F = TensorProto.FLOAT
 
@@ -243,16 +243,36 @@ def test_named_dim_wins_over_batch_size_on_the_leading_axis(
     assert analysis.costs.tensor_bytes[y] == 7 * 2 * 16 * 4
 
 
-def test_unresolved_symbolic_dim_is_reported(
+def test_unresolved_symbolic_dim_is_exit_2_before_planning(
     model_path: Callable[..., Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Without a value for `seq`, the report lists it and warns that its tensors count as 0 bytes."""
-    report = _plan_json(model_path(_symbolic_model()), capsys)
-    assert report["model"]["resolved_dims"] == {"batch": 1}
-    assert report["model"]["unresolved_dims"] == ["x[1] (seq)"]
-    assert report["model"]["unknown_size_tensors"] >= 1
-    assert any("seq" in w and "[plan.dims]" in w for w in report["warnings"])
-    assert any("unknown size" in w for w in report["warnings"])
+    """Without a value for `seq` nothing is planned: exit 2 naming input, axis and dim, with the flag
+    and the config/sidecar line that set it; the flag as printed then plans."""
+    path = model_path(_symbolic_model())
+    assert cli_main(["plan", str(path), "--devices", "1", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "input 'x' axis 1 ('seq')" in err
+    assert "--dim seq=<size>" in err
+    assert "dims = { seq = <size> }" in err
+    assert capsys.readouterr().out == ""
+    report = _plan_json(path, capsys, "--dim", "seq=16")
+    assert report["model"]["resolved_dims"] == {"batch": 1, "seq": 16}
+    assert report["model"]["unresolved_dims"] == []
+    assert report["model"]["unknown_size_tensors"] == 0
+
+
+def test_anonymous_dim_hint_names_the_input_shape_flag(model_path: Callable[..., Path]) -> None:
+    model = _symbolic_model()
+    dim = model.graph.input[0].type.tensor_type.shape.dim[1]
+    dim.Clear()  # neither a value nor a name
+    with pytest.raises(DimsUnresolvedError) as info:
+        analyze_file(model_path(model), PlanConfig())
+    assert info.value.dims == (("x", 1, ""),)
+    assert "--input-shape x=1,<size>,16" in str(info.value)
+    assert "input_shapes = { x = [1, <size>, 16] }" in str(info.value)
+    analysis = analyze_file(model_path(model), PlanConfig(input_shapes={"x": (1, 8, 16)}))
+    assert analysis.shapes.input_shapes["x"] == (1, 8, 16)
+    assert not analysis.costs.unknown_tensors
 
 
 # --- weights ------------------------------------------------------------------------------------------

@@ -8,14 +8,14 @@ import numpy as np
 import onnx
 
 from sharderd.config import PlanConfig
-from sharderd.errors import ModelInvalidError
+from sharderd.errors import DimsUnresolvedError, ModelInvalidError
 from sharderd.graph.costs import GraphCosts, compute_costs
 from sharderd.graph.dataflow import Dataflow, build_dataflow
 from sharderd.graph.load import LoadedModel
 from sharderd.graph.names import assign_unique_names, find_name_problems
-from sharderd.graph.shapes import ShapeInfo, shape_info
+from sharderd.graph.shapes import ShapeInfo, UnresolvedDim, shape_info
 
-__all__ = ["MIN_OPSET", "Analysis", "analyze", "check_opsets"]
+__all__ = ["MIN_OPSET", "Analysis", "analyze", "check_opsets", "unresolved_dims_error"]
 
 MIN_OPSET = 7
 """Older default-domain opsets predate the ops PopRT and onnxruntime convert reliably."""
@@ -80,14 +80,14 @@ def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
         renamed = assign_unique_names(graph)
         warnings.append(f"renamed {renamed} unnamed or duplicate node(s) to <OpType>_<k>")
     flow = build_dataflow(graph)
-    shapes = shape_info(loaded.model, batch_size=config.batch_size, dims=config.dims)
+    shapes = shape_info(
+        loaded.model, batch_size=config.batch_size, dims=config.dims, input_shapes=config.input_shapes
+    )
+    if shapes.unresolved:
+        raise unresolved_dims_error(shapes.unresolved)
     costs = compute_costs(graph, flow, shapes.types)
     if shapes.inference_error:
-        warnings.append(f"shape inference failed ({shapes.inference_error}); unknown sizes count as 0")
-    if shapes.unresolved_dims:
-        warnings.append(
-            f"symbolic dims without a value: {', '.join(shapes.unresolved_dims[:8])}; set them in [plan.dims]"
-        )
+        warnings.append(f"{shapes.inference_error}; fell back to ONNX shape inference")
     if costs.unknown_tensors:
         shown = ", ".join(costs.unknown_tensors[:5])
         warnings.append(
@@ -100,3 +100,30 @@ def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
     if not np.isfinite(costs.flops).all():
         raise ModelInvalidError("FLOP count overflowed: the model declares absurd dims")
     return Analysis(loaded, flow, costs, shapes, renamed, tuple(warnings))
+
+
+def unresolved_dims_error(dims: tuple[UnresolvedDim, ...]) -> DimsUnresolvedError:
+    """Name every open dim, and the exact flag, config line and sidecar line that would set each."""
+    listed = "\n".join(f"  {d.describe()}" for d in dims)
+    named = list(dict.fromkeys(d.name for d in dims if d.name))
+    anonymous = {d.input: d.template or "<d0>,<d1>,..." for d in dims if not d.name}
+    flags = [f"--dim {name}=<size>" for name in named]
+    flags += [f"--input-shape {name}={template}" for name, template in anonymous.items()]
+    tables = []
+    if named:
+        tables.append("dims = { " + ", ".join(f"{name} = <size>" for name in named) + " }")
+    if anonymous:
+        shapes = ", ".join(f"{name} = [{t.replace(',', ', ')}]" for name, t in anonymous.items())
+        tables.append("input_shapes = { " + shapes + " }")
+    hint = (
+        "give each a value (replace <size> with the size to compile for):\n"
+        f"  on the command line:            {' '.join(flags)}\n"
+        f"  in sharderd.toml under [plan]:  {'; '.join(tables)}\n"
+        f"  in a daemon job's sidecar:      {'; '.join(tables)}"
+    )
+    return DimsUnresolvedError(
+        f"{len(dims)} symbolic input dim(s) have no value; the IPU compiles static shapes and sharderd "
+        f"never plans on guessed sizes:\n{listed}",
+        hint=hint,
+        dims=tuple((d.input, d.axis, d.name) for d in dims),
+    )
