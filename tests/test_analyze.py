@@ -306,7 +306,8 @@ def test_shared_initializer_is_one_weight_used_by_several_nodes(
 def test_constant_node_values_count_as_weights(
     model_path: Callable[..., Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A Constant node's tensor is a weight of that node and counts in the model's weight bytes."""
+    """A Constant node's tensor counts in the model's weight bytes once, as a weight of the node that
+    reads it (the compiler places constants with their readers); the Constant itself costs nothing."""
     value = numpy_helper.from_array(np.ones((32, 8), np.float32), "c")
     nodes = [
         helper.make_node("Constant", [], ["W"], name="const", value=value),
@@ -322,9 +323,13 @@ def test_constant_node_values_count_as_weights(
     path = model_path(model)
     report = _plan_json(path, capsys)
     assert report["model"]["weight_bytes"] == 32 * 8 * 4 + 8 * 4
-    flow = analyze_file(path, PlanConfig()).flow
-    const = flow.node_names.index("const")
-    assert flow.weight_bytes[flow.weights(const)].tolist() == [32 * 8 * 4]
+    analysis = analyze_file(path, PlanConfig())
+    flow = analysis.flow
+    const, mm = flow.node_names.index("const"), flow.node_names.index("mm")
+    assert flow.weights(const).tolist() == []
+    assert flow.weight_bytes[flow.weights(mm)].tolist() == [32 * 8 * 4]
+    assert analysis.folded_nodes == 1
+    assert analysis.costs.tensor_bytes[flow.tensor_names.index("W")] == 0  # never crosses a cut
 
 
 def test_if_branch_weights_count(

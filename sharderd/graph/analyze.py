@@ -11,8 +11,10 @@ from sharderd.config import PlanConfig
 from sharderd.errors import DimsUnresolvedError, ModelInvalidError
 from sharderd.graph.costs import GraphCosts, compute_costs
 from sharderd.graph.dataflow import Dataflow, build_dataflow
+from sharderd.graph.folding import fold_constants
 from sharderd.graph.load import LoadedModel
 from sharderd.graph.names import assign_unique_names, find_name_problems
+from sharderd.graph.precision import at_precision, model_precision
 from sharderd.graph.shapes import ShapeInfo, UnresolvedDim, shape_info
 
 __all__ = ["MIN_OPSET", "Analysis", "analyze", "check_opsets", "unresolved_dims_error"]
@@ -32,6 +34,14 @@ class Analysis:
     renamed_nodes: int
     """Nodes given a ``<OpType>_<k>`` name because of ``name_nodes``."""
     warnings: tuple[str, ...]
+    config: PlanConfig
+    precision: str
+    """What the costs are at: ``fp32`` or ``fp16`` (``plan.precision``, or the model's own)."""
+    source_precision: str
+    """The precision of the file itself."""
+    folded_nodes: int = 0
+    """Nodes the compiler folds into constants (costed as weights of their readers, no time)."""
+    folded_bytes: int = 0
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -43,7 +53,8 @@ class Analysis:
 
     @property
     def total_weight_bytes(self) -> int:
-        return int(self.flow.weight_bytes.sum())
+        """Distinct weights some node needs (folded constants included, their sources not)."""
+        return int(self.flow.weight_bytes[np.unique(self.flow.nw_idx)].sum())
 
 
 def check_opsets(model: onnx.ModelProto) -> list[str]:
@@ -86,6 +97,16 @@ def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
     if shapes.unresolved:
         raise unresolved_dims_error(shapes.unresolved)
     costs = compute_costs(graph, flow, shapes.types)
+    folding = fold_constants(graph, flow, costs, shapes.types)
+    source_precision = model_precision(flow)
+    precision = source_precision if config.precision == "model" else config.precision
+    flow, costs = at_precision(folding.flow, folding.costs, shapes.types, precision)
+    for shape in shapes.data_dependent[:5]:
+        warnings.append(
+            f"{shape.tensor!r} from {shape.op_type} node {shape.node!r} has a data-dependent size: {shape.costed_as}"
+        )
+    if len(shapes.data_dependent) > 5:
+        warnings.append(f"{len(shapes.data_dependent) - 5} more data-dependent tensor(s), costed the same way")
     if shapes.inference_error:
         warnings.append(f"{shapes.inference_error}; fell back to ONNX shape inference")
     if costs.unknown_tensors:
@@ -99,7 +120,19 @@ def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
     warnings.extend(costs.control_flow_notes)
     if not np.isfinite(costs.flops).all():
         raise ModelInvalidError("FLOP count overflowed: the model declares absurd dims")
-    return Analysis(loaded, flow, costs, shapes, renamed, tuple(warnings))
+    return Analysis(
+        loaded,
+        flow,
+        costs,
+        shapes,
+        renamed,
+        tuple(warnings),
+        config,
+        precision,
+        source_precision,
+        folding.folded_nodes,
+        folding.folded_bytes,
+    )
 
 
 def unresolved_dims_error(dims: tuple[UnresolvedDim, ...]) -> DimsUnresolvedError:

@@ -48,6 +48,8 @@ class Dataflow:
     weight_names: tuple[str, ...]
     weight_bytes: np.ndarray
     """int64 [W]."""
+    weight_types: np.ndarray
+    """int32 [W]: ONNX element type of each weight (``TensorProto.FLOAT`` ...), for precision changes."""
     nw_ptr: np.ndarray
     nw_idx: np.ndarray
     """CSR: weights each node needs on its device."""
@@ -114,17 +116,21 @@ def _collect_outer(graph: onnx.GraphProto, outer_defined: set[str], refs: dict[s
         defined.update(o for o in node.output if o)
 
 
-def _private_weights(node: onnx.NodeProto) -> list[tuple[str, int]]:
-    """Weights a node carries itself: a Constant's value, tensors inside its bodies."""
-    found: list[tuple[str, int]] = []
+def _private_weights(node: onnx.NodeProto) -> list[tuple[str, int, int]]:
+    """Weights a node carries itself (name, bytes, element type): a Constant's value, tensors in its bodies."""
+    found: list[tuple[str, int, int]] = []
     if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR:
-                found.append((node.output[0] if node.output else node.name, tensor_nbytes(attr.t)))
+                name = node.output[0] if node.output else node.name
+                found.append((name, tensor_nbytes(attr.t), attr.t.data_type))
             elif attr.type == onnx.AttributeProto.SPARSE_TENSOR:
-                found.append((node.output[0], tensor_nbytes(attr.sparse_tensor.values)))
-            elif attr.type in (onnx.AttributeProto.FLOATS, onnx.AttributeProto.INTS):
-                found.append((node.output[0], 4 * len(attr.floats) + 8 * len(attr.ints)))
+                values = attr.sparse_tensor.values
+                found.append((node.output[0], tensor_nbytes(values), values.data_type))
+            elif attr.type == onnx.AttributeProto.FLOATS:
+                found.append((node.output[0], 4 * len(attr.floats), onnx.TensorProto.FLOAT))
+            elif attr.type == onnx.AttributeProto.INTS:
+                found.append((node.output[0], 8 * len(attr.ints), onnx.TensorProto.INT64))
         return found
     for attr in node.attribute:
         if attr.type in _GRAPH_ATTRS:
@@ -134,14 +140,15 @@ def _private_weights(node: onnx.NodeProto) -> list[tuple[str, int]]:
     return found
 
 
-def _body_weights(graph: onnx.GraphProto, prefix: str, found: list[tuple[str, int]]) -> None:
+def _body_weights(graph: onnx.GraphProto, prefix: str, found: list[tuple[str, int, int]]) -> None:
     for tensor in graph.initializer:
-        found.append((f"{prefix}/{tensor.name}", tensor_nbytes(tensor)))
+        found.append((f"{prefix}/{tensor.name}", tensor_nbytes(tensor), tensor.data_type))
     for sparse in graph.sparse_initializer:
-        found.append((f"{prefix}/{sparse.values.name}", tensor_nbytes(sparse.values)))
+        values = sparse.values
+        found.append((f"{prefix}/{values.name}", tensor_nbytes(values), values.data_type))
     for inner in graph.node:
-        for name, size in _private_weights(inner):
-            found.append((f"{prefix}/{name}", size))
+        for name, size, elem in _private_weights(inner):
+            found.append((f"{prefix}/{name}", size, elem))
 
 
 def build_dataflow(graph: onnx.GraphProto) -> Dataflow:
@@ -152,14 +159,17 @@ def build_dataflow(graph: onnx.GraphProto) -> Dataflow:
     initializers: dict[str, int] = {}
     weight_names: list[str] = []
     weight_bytes: list[int] = []
+    weight_types: list[int] = []
     for tensor in graph.initializer:
         initializers[tensor.name] = len(weight_names)
         weight_names.append(tensor.name)
         weight_bytes.append(tensor_nbytes(tensor))
+        weight_types.append(tensor.data_type)
     for sparse in graph.sparse_initializer:
         initializers[sparse.values.name] = len(weight_names)
         weight_names.append(sparse.values.name)
         weight_bytes.append(tensor_nbytes(sparse.values))
+        weight_types.append(sparse.values.data_type)
 
     tensor_index: dict[str, int] = {}
     tensor_names: list[str] = []
@@ -204,10 +214,11 @@ def build_dataflow(graph: onnx.GraphProto) -> Dataflow:
                 weights.setdefault(initializers[name], None)
             else:
                 dangling.append(f"{node.name or node.op_type!r} reads {name!r}")
-        for wname, size in _private_weights(node):
+        for wname, size, elem in _private_weights(node):
             weights.setdefault(len(weight_names), None)
             weight_names.append(f"{node.name}:{wname}" if node.name else wname)
             weight_bytes.append(size)
+            weight_types.append(elem)
         for t in acts:
             cons_rows[t].append(n)
         in_rows.append(list(acts))
@@ -251,6 +262,7 @@ def build_dataflow(graph: onnx.GraphProto) -> Dataflow:
         is_graph_output=is_output,
         weight_names=tuple(weight_names),
         weight_bytes=np.asarray(weight_bytes, dtype=np.int64),
+        weight_types=np.asarray(weight_types, dtype=np.int32),
         nw_ptr=nw_ptr,
         nw_idx=nw_idx,
         topo_order=np.asarray(order, dtype=np.int64),
