@@ -17,8 +17,9 @@ from sharderd.graph.load import load_model
 from sharderd.plan.planner import plan_stages
 from sharderd.plan.types import Plan
 from sharderd.shard.annotate import RoutedInput, annotate, check_annotation
+from sharderd.shard.convert import fix_static_shapes, to_fp16
 from sharderd.shard.poprt_config import manual_sharding_yaml
-from sharderd.shard.write import atomic_write_text, copy_external_data, write_model
+from sharderd.shard.write import atomic_write_text, copy_external_data, write_converted, write_model
 from sharderd.target import Target
 
 __all__ = ["ShardFiles", "analyze_file", "annotated_model", "make_plan", "write_shard_files"]
@@ -65,27 +66,43 @@ def make_plan(
 
 
 def annotated_model(analysis: Analysis, plan: Plan) -> tuple[onnx.ModelProto, tuple[RoutedInput, ...]]:
-    """A copy of the model carrying the plan; the analysed proto stays untouched for re-planning."""
+    """A copy of the model carrying the plan, at the planned input shapes (unless ``keep_dynamic``);
+    the analysed proto stays untouched for re-planning."""
     model = onnx.ModelProto()
     model.CopyFrom(analysis.model)
     routed = annotate(model, analysis.flow, plan.assignment)
+    if not analysis.config.keep_dynamic:
+        fix_static_shapes(model, analysis.shapes.input_shapes, analysis.shapes.types)
+    _check(model)
+    return model, routed
+
+
+def _check(model: onnx.ModelProto) -> None:
     problems = check_annotation(model)
     if problems:  # a planner bug, never a user error: fail loudly with the evidence
         raise SharderdError(f"internal error: the annotated model breaks PopART's rules: {problems[:3]}")
-    return model, routed
 
 
 def write_shard_files(
     analysis: Analysis, plan: Plan, out_dir: Path, stem: str, *, link_external: bool = False
 ) -> ShardFiles:
-    """Write ``<stem>.sharded.onnx`` (+ its external data) and ``<stem>.sharding.yaml``."""
+    """Write ``<stem>.sharded.onnx`` (+ its external data) and ``<stem>.sharding.yaml``.
+
+    At ``fp16`` (planned from an fp32 file) the weights are converted, so they are written anew:
+    inline, or as ``<stem>.sharded.data`` beside the model when they pass protobuf's 2 GiB.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     model, routed = annotated_model(analysis, plan)
     model_path = out_dir / f"{stem}.sharded.onnx"
-    external = copy_external_data(
-        analysis.loaded.external_files, analysis.loaded.path.parent, out_dir, link=link_external
-    )
-    write_model(model, model_path)
+    if analysis.precision == "fp16" and analysis.source_precision != "fp16":
+        model, _ = to_fp16(model, analysis.loaded.path.parent)
+        _check(model)
+        external = write_converted(model, model_path)
+    else:
+        external = copy_external_data(
+            analysis.loaded.external_files, analysis.loaded.path.parent, out_dir, link=link_external
+        )
+        write_model(model, model_path)
     yaml_path = out_dir / f"{stem}.sharding.yaml"
     atomic_write_text(yaml_path, manual_sharding_yaml(model))
     return ShardFiles(model_path, yaml_path, tuple(external), routed)

@@ -40,9 +40,9 @@ CASES = [
 """Example and devices; each split cuts through something awkward (routed inputs, skips, If)."""
 
 
-def planned(path: Path, devices: int) -> onnx.ModelProto:
+def planned(path: Path, devices: int, config: PlanConfig | None = None) -> onnx.ModelProto:
     """The engine's annotated model for ``devices`` CPU stages."""
-    config = PlanConfig()
+    config = config or PlanConfig()
     analysis = analyze_file(path, config)
     plan = make_plan(analysis, BUILTIN_TARGETS["cpu"], devices, config)
     model, _ = annotated_model(analysis, plan)
@@ -210,8 +210,9 @@ def test_if_bodies_pull_outer_scope_tensors_and_weights_into_their_stage() -> No
 
 
 def test_symbolic_dims_stay_symbolic_at_stage_boundaries(model_path: Callable[..., Path]) -> None:
-    """A tensor crossing stages keeps the model's named batch dim, so any batch size runs."""
-    model = planned(model_path("transformer"), 3)
+    """With keep_dynamic, a tensor crossing stages keeps the model's named batch dim, so any batch
+    size runs."""
+    model = planned(model_path("transformer"), 3, PlanConfig(keep_dynamic=True))
     stages = split_stages(model, Path())
     inner = [
         v
@@ -222,6 +223,18 @@ def test_symbolic_dims_stay_symbolic_at_stage_boundaries(model_path: Callable[..
     assert inner
     for value in inner:
         assert value.type.tensor_type.shape.dim[0].dim_param == "batch"
+
+
+def test_planned_shapes_are_written_static(model_path: Callable[..., Path]) -> None:
+    """By default the sharded model and every stage carry the planned static shapes (PopRT compiles
+    static shapes only)."""
+    model = planned(model_path("transformer"), 3, PlanConfig(batch_size=4))
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        assert all(d.HasField("dim_value") for d in dims) and dims[0].dim_value == 4
+    for stage in split_stages(model, Path()):
+        for value in (*stage.model.graph.input, *stage.model.graph.output):
+            assert all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim), value.name
 
 
 def test_stages_compute_what_the_model_computes(model_path: Callable[..., Path]) -> None:

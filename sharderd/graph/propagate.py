@@ -28,6 +28,7 @@ __all__ = [
     "collect_types",
     "inference_copy",
     "propagate_shapes",
+    "propagate_value_infos",
 ]
 
 _KEEP_VALUE_BYTES = 4096
@@ -101,16 +102,27 @@ def inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
 def propagate_shapes(light: onnx.ModelProto) -> Propagation:
     """Infer every tensor's type on ``light`` (an ``inference_copy`` with static inputs)."""
     notes: list[str] = []
-    try:
-        inferred = _symbolic(light, notes)
-        engine, error = "onnxruntime-symbolic", None
-    except Exception as exc:  # the library raises bare Exception and assertion errors
-        engine, error = "onnx", f"onnxruntime symbolic shape inference: {_first_line(exc)}"
-        inferred = _onnx_inference(light)
+    inferred, engine, error = _infer(light, notes)
     raw: dict[str, onnx.ValueInfoProto] = {}
     _collect_value_infos(inferred.graph, raw)
     types, data_dependent = _resolve(inferred.graph, raw)
     return Propagation(types, engine, error, tuple(data_dependent), tuple(dict.fromkeys(notes)))
+
+
+def propagate_value_infos(light: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    """Tensor name → inferred ``ValueInfoProto``, symbolic dims kept (for splitting into stages)."""
+    inferred, _, _ = _infer(light, [])
+    raw: dict[str, onnx.ValueInfoProto] = {}
+    _collect_value_infos(inferred.graph, raw)
+    return raw
+
+
+def _infer(light: onnx.ModelProto, notes: list[str]) -> tuple[onnx.ModelProto, str, str | None]:
+    try:
+        return _symbolic(light, notes), "onnxruntime-symbolic", None
+    except Exception as exc:  # the library raises bare Exception and assertion errors
+        error = f"onnxruntime symbolic shape inference: {_first_line(exc)}"
+        return _onnx_inference(light), "onnx", error
 
 
 def collect_types(graph: onnx.GraphProto) -> dict[str, TensorType]:

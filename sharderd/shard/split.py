@@ -22,7 +22,7 @@ import onnx
 
 from sharderd.errors import ModelInvalidError
 from sharderd.graph.dataflow import build_dataflow
-from sharderd.graph.shapes import type_only_copy
+from sharderd.graph.propagate import inference_copy, propagate_value_infos
 from sharderd.graph.tensors import all_tensors
 from sharderd.shard.annotate import IPU_ATTR, STAGE_ATTR
 from sharderd.shard.write import write_model
@@ -177,15 +177,13 @@ def infer_value_infos(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     gigabytes of inline weights are not serialised again. A model inference cannot handle gives
     what the file itself declares.
     """
-    light = type_only_copy(model)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
-    except Exception:  # inference is best effort: declared types below still apply
-        inferred = light
     found: dict[str, onnx.ValueInfoProto] = {}
-    for value in (*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input):
+    for value in (*model.graph.value_info, *model.graph.output, *model.graph.input):
         if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
             found[value.name] = value
+    for name, value in propagate_value_infos(inference_copy(model)).items():
+        if value.type.tensor_type.elem_type:
+            found[name] = value
     return found
 
 

@@ -10,7 +10,10 @@ import onnx
 
 from sharderd.graph.load import ExternalFile
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "copy_external_data", "write_model"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "copy_external_data", "write_converted", "write_model"]
+
+_INLINE_LIMIT = 2**31 - 2**26
+"""Below protobuf's 2 GiB with room for the graph itself."""
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -62,3 +65,18 @@ def copy_external_data(
 def write_model(model: onnx.ModelProto, path: Path) -> None:
     """Serialise the proto as it is: external tensors keep their (relative) references."""
     atomic_write_bytes(path, model.SerializeToString())
+
+
+def write_converted(model: onnx.ModelProto, path: Path) -> list[Path]:
+    """Write a model whose weights are in memory (after a conversion): inline when it fits in one
+    protobuf, else with every weight in ``<stem>.data`` beside it. Returns the data files written."""
+    total = sum(len(t.raw_data) for t in model.graph.initializer)
+    if total < _INLINE_LIMIT:
+        write_model(model, path)
+        return []
+    data = path.with_name(path.name.removesuffix(".onnx") + ".data")
+    tmp = path.with_name(f".{path.name}.tmp")
+    onnx.save_model(model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)
+    tmp.replace(path)
+    return [data]
