@@ -36,7 +36,7 @@ __all__ = [
 
 EVENTS: Final[frozenset[str]] = frozenset({
     "daemon.started", "daemon.ready", "daemon.stopping", "daemon.stopped", "daemon.error",
-    "watch.started", "watch.restarted", "watch.failed", "scan.finished",
+    "watch.started", "watch.restarted", "watch.failed", "watch.renames_unavailable", "scan.finished",
     "job.detected", "job.claimed", "job.resumed", "job.skipped",
     "plan.started", "plan.finished",
     "attempt.started", "attempt.finished", "attempt.timeout",

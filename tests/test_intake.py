@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 from watchfiles import Change
 
@@ -17,12 +19,12 @@ from sharderd.daemon.intake import (
     FileStat,
     InboxFilter,
     Settler,
-    added_entries,
     claim,
     inspect_entry,
     new_job_id,
     scan_inbox,
 )
+from sharderd.daemon.renames import RenameWatch, parse_events
 
 ROOT = Path(__file__).resolve().parent.parent
 PAST_NS = 1_600_000_000 * 10**9
@@ -157,47 +159,6 @@ class TestScan:
         assert c.problem == "the model p.onnx is not a regular file"
 
 
-class TestMovedIn:
-    def test_renamed_file_shows_the_rename_trace(self, inbox: Path) -> None:
-        """A file renamed in after its last write has ctime > mtime."""
-        rename_in(inbox, "a.onnx")
-        c = inspect_entry(inbox, "a.onnx")
-        assert c is not None and c.moved_in
-
-    def test_file_written_in_place_does_not(self, inbox: Path) -> None:
-        """A file created and written in the inbox has ctime == mtime."""
-        with open(inbox / "a.onnx", "wb") as f:
-            f.write(b"part one")
-        c = inspect_entry(inbox, "a.onnx")
-        assert c is not None and not c.moved_in
-
-    def test_folder_filled_in_place_does_not(self, inbox: Path) -> None:
-        """A folder whose files were written after it appeared is not moved in."""
-        write(inbox / "b" / "m.onnx")
-        c = inspect_entry(inbox, "b")
-        assert c is not None and not c.moved_in
-
-    def test_folder_renamed_in_does(self, inbox: Path) -> None:
-        """A folder renamed in after its files were written is moved in."""
-        staging = inbox / ".b"
-        files = [write(staging / "m.onnx"), write(staging / "w.bin")]
-        wait_for_fs_clock(inbox.parent, max(f.stat().st_ctime_ns for f in files))
-        staging.rename(inbox / "b")
-        c = inspect_entry(inbox, "b")
-        assert c is not None and c.moved_in
-
-
-def wait_for_fs_clock(scratch: Path, after_ns: int) -> None:
-    """Touch a probe until the filesystem's (coarse) clock has moved past ``after_ns``."""
-    probe = scratch / "clock-probe"
-    for _ in range(1_000_000):
-        probe.write_bytes(b"")
-        if probe.stat().st_ctime_ns > after_ns:
-            probe.unlink()
-            return
-    raise AssertionError("filesystem timestamps never advanced")
-
-
 def cand(size: int = 1, *, ctime: int = 10, mtime: int = 10, path: str = "/inbox/a.onnx") -> Candidate:
     p = Path(path)
     return Candidate(p.stem, p, "file", p, None, (FileStat(p.name, size, mtime, ctime, 7),))
@@ -225,47 +186,39 @@ class TestSettler:
         clock.t += 0.1
         assert settler.observe(cand(2))
 
-    def test_rename_hint_with_trace_completes_after_confirm(self) -> None:
-        """``added`` plus ctime > mtime completes on a second identical look confirm_seconds later."""
+    def test_renamed_completes_after_confirm(self) -> None:
+        """An entry an ``IN_MOVED_TO`` named completes on a second identical look confirm_seconds later,
+        whatever its timestamps say (a rename in the same tick as the last write has ctime == mtime)."""
         clock = Clock()
         settler = Settler(5.0, confirm_seconds=0.5, now=clock)
-        moved = cand(ctime=20, mtime=10)
-        assert not settler.observe(moved, added=True)
+        moved = cand(ctime=10, mtime=10)
+        assert not settler.observe(moved, renamed=True)
         assert settler.next_due() == 100.5
         clock.t += 0.25
         assert not settler.observe(moved)
         clock.t += 0.25
         assert settler.observe(moved)
 
-    def test_rename_hint_without_trace_waits(self) -> None:
-        """An ``added`` file with ctime == mtime (created in place, writer paused) must settle fully."""
-        clock = Clock()
-        settler = Settler(5.0, now=clock)
-        created = cand(ctime=10, mtime=10)
-        assert not settler.observe(created, added=True)
-        clock.t += 1
-        assert not settler.observe(created, added=True)
-        clock.t += 4
-        assert settler.observe(created)
-
-    def test_trace_without_hint_waits(self) -> None:
-        """ctime > mtime alone (e.g. found by a rescan) does not take the fast path."""
+    def test_timestamps_alone_never_take_the_fast_path(self) -> None:
+        """ctime > mtime without a rename event (a chmod after writing, a rescan) settles fully."""
         clock = Clock()
         settler = Settler(5.0, now=clock)
         moved = cand(ctime=20, mtime=10)
         settler.observe(moved)
         clock.t += 1
         assert not settler.observe(moved)
+        clock.t += 4
+        assert settler.observe(moved)
 
-    def test_change_after_hint_drops_fast_path(self) -> None:
-        """If the signature changes after a rename hint, the quiet window starts over."""
+    def test_change_after_rename_drops_fast_path(self) -> None:
+        """If the signature changes after the rename, the quiet window starts over."""
         clock = Clock()
         settler = Settler(5.0, now=clock)
-        settler.observe(cand(1, ctime=20, mtime=10), added=True)
+        settler.observe(cand(1), renamed=True)
         clock.t += 0.2
-        assert not settler.observe(cand(2, ctime=30, mtime=30))
+        assert not settler.observe(cand(2))
         clock.t += 0.2
-        assert not settler.observe(cand(2, ctime=30, mtime=30))
+        assert not settler.observe(cand(2))
 
     def test_zero_settle_is_immediate_and_tracks_are_dropped(self) -> None:
         """settle_seconds=0 completes on the first look; retain and forget drop tracks."""
@@ -281,11 +234,13 @@ class TestSettler:
         """On real files: the renamed one is complete after the confirm look, the appended one is not."""
         clock = Clock()
         settler = Settler(5.0, confirm_seconds=0.125, now=clock)
-        rename_in(inbox, "r.onnx")
-        growing = write(inbox / "g.onnx", b"1")
-        hints = added_entries(inbox, [(Change.added, str(inbox / "r.onnx")), (Change.added, str(growing))])
+        with RenameWatch.open(inbox) as watch:
+            rename_in(inbox, "r.onnx")
+            growing = write(inbox / "g.onnx", b"1")
+            renamed = set(anyio.run(watch.next_batch))
+        assert renamed == {inbox / "r.onnx"}
         for c in scan_inbox(inbox):
-            assert not settler.observe(c, added=c.path in hints)
+            assert not settler.observe(c, renamed=c.path in renamed)
         with open(growing, "ab") as f:
             f.write(b"2")
         clock.t += 0.25
@@ -293,15 +248,39 @@ class TestSettler:
         assert done == {"r"}
 
 
-def test_added_entries_only_top_level_additions(inbox: Path) -> None:
-    """Only ``added`` events naming a top-level entry are rename-in hints."""
-    changes = [
-        (Change.added, str(inbox / "a.onnx")),
-        (Change.modified, str(inbox / "b.onnx")),
-        (Change.added, str(inbox / "dir" / "inner.bin")),
-        (Change.added, str(inbox / "dir")),
-    ]
-    assert added_entries(inbox, changes) == {inbox / "a.onnx", inbox / "dir"}
+class TestRenameWatch:
+    """``IN_MOVED_TO`` names exactly the entries renamed in, from inside the inbox or outside it."""
+
+    def test_part_pair_and_outside_rename_and_folder_are_renames(self, inbox: Path, tmp_path: Path) -> None:
+        """The systemd README's recipe (``.x.onnx.part`` then ``mv``), a ``mv`` from another folder
+        and a folder renamed in are all reported, each in the same clock tick as its last write."""
+        outside = tmp_path / "staging"
+        outside.mkdir()
+        with RenameWatch.open(inbox) as watch:
+            write(inbox / ".a.onnx.part", b"a").rename(inbox / "a.onnx")
+            write(outside / "b.onnx", b"b").rename(inbox / "b.onnx")
+            write(outside / "c" / "c.onnx", b"c")
+            (outside / "c").rename(inbox / "c")
+            seen: set[Path] = set()
+            while len(seen) < 3:
+                seen |= set(anyio.run(watch.next_batch))
+        assert seen == {inbox / "a.onnx", inbox / "b.onnx", inbox / "c"}
+
+    def test_file_written_in_place_is_not_a_rename(self, inbox: Path) -> None:
+        """A file created and written in the inbox raises no ``IN_MOVED_TO``; a later rename does."""
+        with RenameWatch.open(inbox) as watch:
+            write(inbox / "in-place.onnx", b"x")
+            (inbox / "sub").mkdir()
+            write(inbox / "later.onnx.part", b"y").rename(inbox / "later.onnx")
+            assert anyio.run(watch.next_batch) == [inbox / "later.onnx"]
+
+    def test_parse_events_reads_names_overflow_and_ignored(self) -> None:
+        """The raw ``struct inotify_event`` stream: padded names, overflow and a removed watch."""
+        def event(mask: int, name: bytes = b"") -> bytes:
+            padded = name + b"\0" * (-len(name) % 16 or (16 if name else 0))
+            return struct.pack("iIII", 1, mask, 0, len(padded)) + padded
+        data = event(0x80, b"x.onnx") + event(0x100, b"created.onnx") + event(0x4000) + event(0x8000)
+        assert parse_events(data) == (["x.onnx"], True, True)
 
 
 class TestClaim:

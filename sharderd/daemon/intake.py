@@ -15,16 +15,14 @@ may live anywhere on the filesystem; reading it would read that file with the da
 claimed: ``<name>.onnx`` (file form) and suffix-less names (folder form); other links are ignored.
 
 Completeness. A file written in place is complete once its stat signature (size, mtime, ctime,
-inode of every file) has not changed for ``settle_seconds``. The fast path for a rename-in cannot
-trust watchfiles alone: it reports ``added`` both for a rename into the inbox and for a file created
-in place (and a writer that pauses after ``creat`` shows an unchanging file). What a rename leaves,
-and an in-place writer never does, is an inode whose ctime is newer than its last data write: every
-``write`` sets mtime and ctime to the same instant, while ``rename`` bumps only ctime. So a candidate
-named by an ``added`` event whose ctime is newer than every mtime in it (``Candidate.moved_in``), and
-whose signature is the same on two looks ``confirm_seconds`` apart, is complete at once. A rename in
-the same clock tick as the last write, or a filesystem that does not touch ctime on rename, leaves
-ctime == mtime, and the job simply waits ``settle_seconds``: the fast path can be missed, not
-falsely taken (short of a writer that changes metadata, pauses, then writes again).
+inode of every file) has not changed for ``settle_seconds``. A file (or folder) renamed in is
+complete at once: the rename is the writer's "done". Which entries were renamed in is the kernel's
+word, not a guess: inotify's ``IN_MOVED_TO`` (``sharderd.daemon.renames``), raised for a rename from
+a staging name in the inbox (``.x.onnx.part`` → ``x.onnx``) and for one from elsewhere on the
+filesystem alike, and never for a file created in place. (watchfiles reports both as ``added``, and
+timestamps cannot tell either: a rename in the same clock tick as the last write leaves ctime ==
+mtime.) Such an entry is complete once its signature is the same on two looks ``confirm_seconds``
+apart, which catches a writer still writing into a file it renamed in early.
 
 Claiming is ``os.rename`` into ``processing/<job_id>/``: atomic, so of two daemons sharing an inbox
 exactly one succeeds and the other sees the path gone. The settle window is the contract: a writer
@@ -52,7 +50,6 @@ __all__ = [
     "FileStat",
     "InboxFilter",
     "Settler",
-    "added_entries",
     "claim",
     "inspect_entry",
     "is_staging_name",
@@ -134,14 +131,6 @@ class Candidate:
     """The entry first, then its sidecar or (folder) every entry below it, sorted."""
     problem: str | None = None
     """Why this can never be a valid job; such a candidate is claimed and failed, never run."""
-
-    @property
-    def moved_in(self) -> bool:
-        """The trace of a rename: the top entry's ctime is newer than every mtime and inner ctime."""
-        top, rest = self.signature[0], self.signature[1:]
-        if self.kind == "file":
-            return all(s.ctime_ns > s.mtime_ns for s in self.signature)
-        return all(top.ctime_ns > max(s.mtime_ns, s.ctime_ns) for s in rest) and top.ctime_ns > top.mtime_ns
 
 
 def scan_inbox(inbox: Path) -> list[Candidate]:
@@ -254,13 +243,6 @@ def _hard_link(rel: str, st: os.stat_result, what: str) -> str | None:
     return None
 
 
-def added_entries(inbox: Path, changes: Iterable[tuple[Change, str]]) -> frozenset[Path]:
-    """Top-level inbox entries a watch batch reports as ``added`` (the rename-in hint for ``Settler``)."""
-    root = Path(inbox).absolute()
-    paths = (Path(p).absolute() for c, p in changes if c == Change.added)
-    return frozenset(inbox / p.name for p in paths if p.parent == root)
-
-
 @dataclass(slots=True)
 class _Track:
     signature: tuple[FileStat, ...]
@@ -273,8 +255,8 @@ class Settler:
     """Decides when a candidate is complete from repeated looks; keyed by ``Candidate.path``.
 
     Feed every look to ``observe``; it answers True once the signature has been unchanged for
-    ``settle_seconds``, or for ``confirm_seconds`` when the look came with a rename-in hint
-    (``added=True``) and ``Candidate.moved_in`` holds. ``next_due`` says when to look again.
+    ``settle_seconds``, or for ``confirm_seconds`` when the entry was renamed in (``renamed=True``:
+    an ``IN_MOVED_TO`` named it since the last look). ``next_due`` says when to look again.
     """
 
     __slots__ = ("_confirm", "_now", "_settle", "_tracks")
@@ -286,10 +268,10 @@ class Settler:
         self._now = now
         self._tracks: dict[Path, _Track] = {}
 
-    def observe(self, candidate: Candidate, *, added: bool = False) -> bool:
+    def observe(self, candidate: Candidate, *, renamed: bool = False) -> bool:
         """Record one look; True when the candidate is complete."""
         t = self._now()
-        fast = added and candidate.moved_in
+        fast = renamed
         track = self._tracks.get(candidate.path)
         if track is None or track.signature != candidate.signature:
             self._tracks[candidate.path] = track = _Track(candidate.signature, t, fast)

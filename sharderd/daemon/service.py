@@ -54,9 +54,9 @@ from sharderd.daemon.intake import (
     ClaimedJob,
     InboxFilter,
     Settler,
-    added_entries,
     claim,
     inspect_entry,
+    is_staging_name,
     new_job_id,
     scan_inbox,
 )
@@ -74,6 +74,7 @@ from sharderd.daemon.journal import JobRecord, Journal, RecoveredJob, recover
 from sharderd.daemon.metrics import MetricsExporter
 from sharderd.daemon.notify import Notifier, child_env, watchdog_interval
 from sharderd.daemon.outbox import DaemonDirs, find_published, prepare_dirs
+from sharderd.daemon.renames import RenameWatch
 from sharderd.daemon.sidecar import load_sidecar
 from sharderd.daemon.status import JobProgress, StatusBoard
 from sharderd.errors import ConfigError
@@ -160,22 +161,22 @@ class _Inbox:
     def __len__(self) -> int:
         return len(self.seen)
 
-    def scan(self, added: frozenset[Path] = frozenset()) -> None:
+    def scan(self, renamed: frozenset[Path] = frozenset()) -> None:
         """Look at every entry; forget the ones that are gone."""
         candidates = scan_inbox(self.inbox)
         present = {c.path for c in candidates}
         for path in [p for p in self.seen if p not in present]:
             self._vanished(path)
         for candidate in candidates:
-            self._observe(candidate, added=candidate.path in added)
+            self._observe(candidate, renamed=candidate.path in renamed)
 
-    def look(self, paths: Iterable[Path], added: frozenset[Path]) -> None:
+    def look(self, paths: Iterable[Path], renamed: frozenset[Path]) -> None:
         for path in paths:
             candidate = inspect_entry(self.inbox, path.name)
             if candidate is None:
                 self._vanished(path)
             else:
-                self._observe(candidate, added=path in added)
+                self._observe(candidate, renamed=path in renamed)
 
     def settling(self) -> list[Path]:
         return [p for p, s in self.seen.items() if not s.ready]
@@ -208,22 +209,22 @@ class _Inbox:
             if again is None:
                 self._vanished(path)
             elif again.signature != best.candidate.signature:
-                self._observe(again, added=False)  # written to again: settle anew
+                self._observe(again, renamed=False)  # written to again: settle anew
             else:
                 del self.seen[path]
                 return best
 
-    def _observe(self, candidate: Candidate, *, added: bool) -> None:
+    def _observe(self, candidate: Candidate, *, renamed: bool) -> None:
         seen = self.seen.get(candidate.path)
         if seen is None:
             seen = self.seen[candidate.path] = _Seen(new_job_id(), candidate, self._order)
             self._order += 1
             _log.info("job.detected", job_id=seen.job_id, name=candidate.name, path=str(candidate.path),
-                      kind=candidate.kind, moved_in=added and candidate.moved_in)
+                      kind=candidate.kind, moved_in=renamed)
         elif seen.ready and seen.candidate.signature == candidate.signature:
             return
         seen.candidate = candidate
-        seen.ready = self.settler.observe(candidate, added=added)
+        seen.ready = self.settler.observe(candidate, renamed=renamed)
         if seen.ready:
             self.settler.forget(candidate.path)
             seen.priority = self._priority(candidate)
@@ -275,7 +276,8 @@ class _Daemon:
         self._job_ended = anyio.Event()
         self._wake = anyio.Event()
         self._dirty: set[Path] = set()
-        self._added: set[Path] = set()
+        self._renamed: set[Path] = set()
+        """Inbox entries an ``IN_MOVED_TO`` named since the last dispatch: complete once confirmed."""
         self._full_scan = False
         self._watch_stop = _WatchStop()
         self._inbox_id = _dir_id(self.dirs.inbox)
@@ -478,12 +480,36 @@ class _Daemon:
                 self._full_scan = True
                 self._wake.set()
             return
-        async for changes in awatch(
-            self.dirs.inbox, watch_filter=InboxFilter(self.dirs.inbox), debounce=_WATCH_DEBOUNCE_MS,
-            step=_WATCH_STEP_MS, stop_event=stop, rust_timeout=_WATCH_TIMEOUT_MS, force_polling=polling,
-            poll_delay_ms=int(self.daemon.poll_interval * 1000), recursive=False, ignore_permission_denied=True,
-        ):
-            self._on_changes(changes)
+        try:
+            renames = RenameWatch.open(self.dirs.inbox)
+        except OSError as exc:  # inotify limits: only the fast path is lost, renamed-in jobs settle
+            renames = None
+            _log.warning("watch.renames_unavailable", inbox=str(self.dirs.inbox), error=str(exc),
+                         message="jobs renamed in wait settle_seconds like jobs written in place")
+        try:
+            async with anyio.create_task_group() as tg:
+                if renames is not None:
+                    tg.start_soon(self._renames, renames)
+                async for changes in awatch(
+                    self.dirs.inbox, watch_filter=InboxFilter(self.dirs.inbox), debounce=_WATCH_DEBOUNCE_MS,
+                    step=_WATCH_STEP_MS, stop_event=stop, rust_timeout=_WATCH_TIMEOUT_MS, force_polling=polling,
+                    poll_delay_ms=int(self.daemon.poll_interval * 1000), recursive=False,
+                    ignore_permission_denied=True,
+                ):
+                    self._on_changes(changes)
+                tg.cancel_scope.cancel()
+        finally:
+            if renames is not None:
+                renames.close()
+
+    async def _renames(self, watch: RenameWatch) -> None:
+        """Feed the renames the kernel reports to the dispatcher (the fast path of ``Settler``)."""
+        while (batch := await watch.next_batch()) is not None:
+            top = {p for p in batch if not is_staging_name(p.name)}
+            if top:
+                self._renamed |= top
+                self._dirty |= top
+                self._wake.set()
 
     def _on_changes(self, changes: set[tuple[Change, str]]) -> None:
         inbox = self.dirs.inbox
@@ -494,7 +520,6 @@ class _Daemon:
                 self._inbox_lost = self._inbox_lost or path == inbox  # the inbox itself went or came
                 continue
             self._dirty.add(inbox / path.relative_to(inbox).parts[0])
-        self._added |= added_entries(inbox, changes)
         self._wake.set()
 
     async def _rescan(self) -> NoReturn:
@@ -534,18 +559,18 @@ class _Daemon:
             with anyio.move_on_after(delay):
                 await self._wake.wait()
             self._wake = anyio.Event()
-            dirty, added = self._dirty, frozenset(self._added)
-            self._dirty, self._added = set(), set()
+            dirty, renamed = self._dirty, frozenset(self._renamed)
+            self._dirty, self._renamed = set(), set()
             if self._full_scan:
                 self._full_scan = False
-                self._scan(added)
+                self._scan(renamed)
             else:
-                self.inbox.look({*dirty, *self.inbox.settling()}, added)
+                self.inbox.look({*dirty, *self.inbox.settling()}, renamed)
                 self._claim_ready()
 
-    def _scan(self, added: frozenset[Path] = frozenset()) -> None:
+    def _scan(self, renamed: frozenset[Path] = frozenset()) -> None:
         try:
-            self.inbox.scan(added)
+            self.inbox.scan(renamed)
         except OSError as exc:  # the inbox vanished or became unreadable; the rescan recreates it
             self._inbox_lost = True
             _log.error("watch.failed", inbox=str(self.dirs.inbox), error=f"cannot scan the inbox: {exc}")
