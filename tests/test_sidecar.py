@@ -45,7 +45,7 @@ def test_empty_sidecar_is_defaults(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("stages = 4\n", "sidecar bert.toml: unknown key 'stages' (known: devices, target, backend, optimal_perf, priority, max_attempts)"),
+        ("stages = 4\n", "sidecar bert.toml: unknown key 'stages' (known: devices, target, backend, optimal_perf, priority, max_attempts, input_shapes, dims, batch_size, name_nodes, precision, keep_dynamic)"),
         ("devices = 0\n", "sidecar bert.toml: devices must be between 1 and 1024, got 0"),
         ("devices = 10000\n", "sidecar bert.toml: devices must be between 1 and 1024, got 10000"),
         ("devices = -1\n", "devices must be between 1 and 1024, got -1"),

@@ -39,9 +39,11 @@ from sharderd.config import Config
 from sharderd.daemon.intake import ClaimedJob, inspect_entry, is_staging_name
 from sharderd.daemon.journal import IndexEntry, JobRecord, JobState, Journal, RecoveredJob
 from sharderd.daemon.outbox import (
+    JOB_MARKER,
     TMP_PREFIX,
     DaemonDirs,
     fail_job,
+    find_published,
     publish,
     rename_unique,
     tmp_dir_for,
@@ -51,6 +53,7 @@ from sharderd.daemon.status import JobProgress, StatusBoard
 from sharderd.errors import ConfigError, SharderdError
 from sharderd.logs import get_logger
 from sharderd.pipeline.job import JobFailed, JobResult, JobSpec, shard_job, write_report
+from sharderd.report.duplicate import duplicate_report, write_duplicate
 from sharderd.target import BUILTIN_TARGETS
 
 __all__ = [
@@ -183,6 +186,9 @@ def finish_recovered(found: RecoveredJob, ctx: JobContext) -> JobState:
             _log.info("job.succeeded", name=found.name, result=str(found.result), recovered=True)
             run.retire_input(found.result)
             return "succeeded"
+        if record.state == "duplicate" and record.result:
+            run.retire_input(run.publish_pointer(_marker(Path(record.result)), Path(record.result)))
+            return record.state
         if record.state in ("succeeded", "duplicate"):
             run.retire_input(Path(record.result) if record.result else None)
             return record.state
@@ -229,6 +235,14 @@ def _content_files(job: ClaimedJob) -> Iterator[tuple[str, Path]]:
             if path == job.sidecar or not stat.S_ISREG(path.lstat().st_mode):
                 continue
             yield path.relative_to(job.entry).as_posix(), path
+
+
+def _marker(result: Path) -> str:
+    """The job id a published result was made by (its ``.sharderd-job``), or ``unknown``."""
+    try:
+        return (result / JOB_MARKER).read_text(encoding="utf-8").strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def _is_bookkeeping(entry: str) -> bool:
@@ -330,7 +344,7 @@ class _JobRun:
             "target": asdict(config.target(options.target)),
             "backend": options.backend,
             "optimal_perf": options.optimal_perf,
-            "plan": {**asdict(config.plan), "dims": dict(config.plan.dims)},
+            "plan": _plain(asdict(options.plan_config(config.plan))),
             "poprt": asdict(config.poprt),
             "onnxruntime": asdict(config.onnxruntime),
             "fallbacks": [config.search.amp_fallbacks, config.search.speculative_margins],
@@ -354,9 +368,10 @@ class _JobRun:
         """Run ``shard_job``, again after a worker killed by a signal, up to ``max_attempts`` runs."""
         job, ctx, daemon = self.job, self.ctx, self.ctx.config.daemon
         assert job.model is not None
+        config = replace(ctx.config, plan=options.plan_config(ctx.config.plan))
         spec = JobSpec(
             model=job.model, out_dir=self.out, stem=job.model.name.removesuffix(".onnx"),
-            devices=options.devices, config=ctx.config, target=options.target, backend=options.backend,
+            devices=options.devices, config=config, target=options.target, backend=options.backend,
             optimal_perf=options.optimal_perf, max_attempts=options.max_attempts,
             parallel=daemon.max_parallel_compiles, attempt_timeout=daemon.attempt_timeout,
             kill_grace=daemon.kill_grace, job_id=job.job_id, priority=options.priority, isolate_planning=True,
@@ -428,10 +443,25 @@ class _JobRun:
         return "succeeded"
 
     def _duplicate(self, original: IndexEntry) -> JobState:
+        """Journal it, then give the submitter ``outbox/<name>/`` saying whose result it is, then retire."""
         self.record = self.ctx.journal.record(replace(self.record, state="duplicate", result=original.result))
-        _log.info("job.duplicate", name=self.job.name, original_job_id=original.job_id, result=original.result)
-        self.retire_input(Path(original.result))
+        pointer = self.publish_pointer(original.job_id, Path(original.result))
+        _log.info("job.duplicate", name=self.job.name, original_job_id=original.job_id, result=original.result,
+                  outbox=str(pointer))
+        self.retire_input(pointer)
         return "duplicate"
+
+    def publish_pointer(self, original_job_id: str, original: Path) -> Path:
+        """``outbox/<name>/`` of a duplicate: its reports and ``duplicate.json`` point at ``original``."""
+        outbox, daemon = self.ctx.dirs.outbox, self.ctx.config.daemon
+        found = find_published(outbox, self.job.name, self.job.job_id)
+        if found is not None:  # published before a crash
+            return found
+        shutil.rmtree(self.out, ignore_errors=True)
+        tmp = tmp_dir_for(outbox, self.job.job_id)
+        write_duplicate(duplicate_report(name=self.job.name, job_id=self.job.job_id, sha256=self.record.sha256 or "",
+                                         original_job_id=original_job_id, original_result=original), tmp)
+        return publish(tmp, outbox, self.job.name, file_mode=daemon.file_mode, dir_mode=daemon.dir_mode)
 
     def fail(self, error: SharderdError | Mapping[str, Any], report: Mapping[str, Any] | None, *,
              exc_info: BaseException | None = None) -> JobState:
@@ -446,7 +476,7 @@ class _JobRun:
         """Cancelled on request (its attempts are dead by now): file it under ``failed/``."""
         error = JobCancelledError(
             f"cancelled on request ({by})",
-            hint="To run it again: `sharderd retry NAME`, NAME being this job's folder in failed/.")
+            hint="Nothing is wrong with the input; the retry command below runs it again.")
         failed = self._file_failure(error.to_dict(), None, "cancelled")
         self.ctx.pool.forget(self.job.job_id)
         _log.warning("job.cancelled", name=self.job.name, reason="requested", by=by, failed=str(failed),
@@ -463,8 +493,8 @@ class _JobRun:
             write_report(report, self.job.job_dir)
             for name in _REPORTS:
                 (self.job.job_dir / name).chmod(daemon.file_mode)
-        failed = fail_job(self.job.job_dir, self.ctx.dirs.failed, self.job.name, info,
-                          file_mode=daemon.file_mode, dir_mode=daemon.dir_mode)
+        failed = fail_job(self.job.job_dir, self.ctx.dirs.failed, self.job.name, info, model=self.job.model,
+                          config_path=self.ctx.config.source, file_mode=daemon.file_mode, dir_mode=daemon.dir_mode)
         self.record = self.ctx.journal.record(replace(self.record, result=str(failed)))
         return failed
 
@@ -493,3 +523,12 @@ class _JobRun:
 
     def _duration(self) -> float:
         return round(time.monotonic() - self.started, 3)
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready: mappings as dicts, tuples as lists (for the dedup key and the report)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -1,7 +1,8 @@
 """Per-job options from an optional sidecar TOML, over the daemon's defaults.
 
 The sidecar is flat: ``devices``, ``target``, ``backend``, ``optimal_perf``, ``priority``,
-``max_attempts``. It is validated by the same loader as ``sharderd.toml``, so an unknown or mistyped
+``max_attempts``, and the planning keys a real export needs (``input_shapes``, ``dims``,
+``batch_size``, ``name_nodes``, ``precision``, ``keep_dynamic``, as in ``[plan]``). It is validated by the same loader as ``sharderd.toml``, so an unknown or mistyped
 key is an error naming the key, and that error fails the one job, not the daemon. The file is opened
 without following links and read up to 1 MiB: a sidecar must not be a way to read outside the job.
 """
@@ -11,12 +12,12 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
-from sharderd.config import DaemonConfig, load_table, parse_toml
+from sharderd.config import DaemonConfig, PlanConfig, load_table, parse_toml
 from sharderd.errors import ConfigError
 
 __all__ = ["MAX_DEVICES", "JobOptions", "load_sidecar"]
@@ -43,6 +44,17 @@ class JobOptions:
     """Worker starts (plan and compiles) before the job fails."""
     priority: int = 0
     """Higher is dispatched first; ties go to the oldest job."""
+    plan_overrides: Mapping[str, Any] = field(default_factory=dict)
+    """``[plan]`` keys the sidecar sets (``dims`` adds to the daemon's own)."""
+
+    def plan_config(self, base: PlanConfig) -> PlanConfig:
+        """The daemon's ``[plan]`` with this job's overrides."""
+        overrides = dict(self.plan_overrides)
+        if "dims" in overrides:
+            overrides["dims"] = {**base.dims, **overrides["dims"]}
+        if "input_shapes" in overrides:
+            overrides["input_shapes"] = {**base.input_shapes, **overrides["input_shapes"]}
+        return replace(base, **overrides)
 
     @classmethod
     def from_config(cls, config: DaemonConfig, *, optimal_perf: bool = False) -> JobOptions:
@@ -59,6 +71,15 @@ class _SidecarTable:
     optimal_perf: bool | None = None
     priority: int | None = None
     max_attempts: int | None = None
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    dims: Mapping[str, int] | None = None
+    batch_size: int | None = None
+    name_nodes: bool | None = None
+    precision: Literal["model", "fp32", "fp16"] | None = None
+    keep_dynamic: bool | None = None
+
+
+_PLAN_KEYS: Final = ("input_shapes", "dims", "batch_size", "name_nodes", "precision", "keep_dynamic")
 
 
 def load_sidecar(path: Path | None, defaults: DaemonConfig, *, optimal_perf: bool = False,
@@ -80,6 +101,7 @@ def load_sidecar(path: Path | None, defaults: DaemonConfig, *, optimal_perf: boo
         optimal_perf=base.optimal_perf if table.optimal_perf is None else table.optimal_perf,
         max_attempts=base.max_attempts if table.max_attempts is None else table.max_attempts,
         priority=base.priority if table.priority is None else table.priority,
+        plan_overrides={k: getattr(table, k) for k in _PLAN_KEYS if getattr(table, k) is not None},
     )
     # Only the sidecar's own values: the daemon's defaults were checked with sharderd.toml, and a
     # larger [daemon] max_attempts must not fail every job that has a sidecar, blaming the sidecar.
@@ -87,6 +109,10 @@ def load_sidecar(path: Path | None, defaults: DaemonConfig, *, optimal_perf: boo
         raise ConfigError(f"{where}: devices must be between 1 and {MAX_DEVICES}, got {table.devices}")
     if table.max_attempts is not None and not 1 <= table.max_attempts <= _MAX_ATTEMPTS:
         raise ConfigError(f"{where}: max_attempts must be between 1 and {_MAX_ATTEMPTS}, got {table.max_attempts}")
+    try:
+        options.plan_config(PlanConfig())  # the [plan] checks, on the sidecar's own values
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err.message}") from None
     if table.target is not None and (not table.target or (known_targets is not None and table.target not in known_targets)):
         known = ", ".join(sorted(known_targets or ()))
         raise ConfigError(f"{where}: unknown target {table.target!r}" + (f" (known: {known})" if known else ""))

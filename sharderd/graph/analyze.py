@@ -71,8 +71,25 @@ def check_opsets(model: onnx.ModelProto) -> list[str]:
         elif opset.domain not in _KNOWN_DOMAINS:
             warnings.append(f"custom domain {opset.domain!r} (opset {opset.version}): its ops get the default cost")
     if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):
-        raise ModelInvalidError("the model imports no default-domain opset")
+        raise _no_default_domain(model)
     return warnings
+
+
+def _no_default_domain(model: onnx.ModelProto) -> ModelInvalidError:
+    """Why a graph with no ``ai.onnx`` ops cannot be sharded, naming what it is instead."""
+    domains = sorted({o.domain for o in model.opset_import})
+    ops = sorted({n.op_type for n in model.graph.node})
+    what = f"it imports only {', '.join(repr(d) for d in domains) or 'no opsets'}"
+    if ops:
+        what += f" (ops: {', '.join(ops[:6])}{', ...' if len(ops) > 6 else ''})"
+    message = (f"the model imports no default-domain opset: {what}. sharderd splits neural-network graphs of "
+               "default-domain (ai.onnx) ops into pipeline stages, one accelerator each, and has a cost model "
+               "for those ops only")
+    hint = None
+    if "ai.onnx.ml" in domains:
+        hint = ("ai.onnx.ml models (linear classifiers, tree ensembles, encoders) are not sharded; onnxruntime "
+                "runs them as they are, on the CPU.")
+    return ModelInvalidError(message, hint=hint)
 
 
 def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
@@ -152,7 +169,7 @@ def unresolved_dims_error(dims: tuple[UnresolvedDim, ...]) -> DimsUnresolvedErro
         "give each a value (replace <size> with the size to compile for):\n"
         f"  on the command line:            {' '.join(flags)}\n"
         f"  in sharderd.toml under [plan]:  {'; '.join(tables)}\n"
-        f"  in a daemon job's sidecar:      {'; '.join(tables)}"
+        f"  in a daemon job's sidecar (<model>.toml beside it): {'; '.join(tables)}"
     )
     return DimsUnresolvedError(
         f"{len(dims)} symbolic input dim(s) have no value; the IPU compiles static shapes and sharderd "

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sharderd.config import PlanConfig
+from sharderd.config import PlanConfig, load_table
 from sharderd.errors import SharderdError
 from sharderd.pipeline.session import PlanService, plan_request_from
 from sharderd.target import Target
@@ -30,7 +30,8 @@ def main() -> int:
         try:
             if service is None:
                 plan = message["plan"]
-                service = PlanService(Path(message["model"]), PlanConfig(**plan), Target(**message["target"]))
+                config = load_table(PlanConfig, plan, "plan worker")
+                service = PlanService(Path(message["model"]), config, Target(**message["target"]))
                 result: dict[str, Any] = {"ready": True}
             elif message["op"] == "summary":
                 result = service.summary()

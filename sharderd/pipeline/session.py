@@ -23,6 +23,7 @@ from anyio.abc import Process
 from sharderd.config import PlanConfig
 from sharderd.errors import (
     ConfigError,
+    DimsUnresolvedError,
     ModelInvalidError,
     OutputWriteError,
     PlanInfeasibleError,
@@ -155,6 +156,9 @@ def error_from_dict(data: Mapping[str, Any]) -> SharderdError:
             min_devices=data.get("min_devices"),
             fits_without_margin=bool(data.get("fits_without_margin", False)),
         )
+    if reason == DimsUnresolvedError.reason:
+        dims = tuple((str(i), int(a), str(n)) for i, a, n in data.get("dims", []))
+        return DimsUnresolvedError(message, hint=hint, dims=dims)
     return _ERRORS.get(str(reason), SharderdError)(message, hint=hint)
 
 

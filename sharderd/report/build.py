@@ -54,6 +54,14 @@ def model_facts(analysis: Analysis) -> dict[str, Any]:
         "resolved_dims": dict(analysis.shapes.resolved_dims),
         "unresolved_dims": list(analysis.shapes.unresolved_dims),
         "unknown_size_tensors": len(analysis.costs.unknown_tensors),
+        "unknown_tensors": list(analysis.costs.unknown_tensors[:50]),
+        "input_shapes": {k: list(v) for k, v in analysis.shapes.input_shapes.items()},
+        "shape_inference": analysis.shapes.engine,
+        "data_dependent_shapes": [asdict(d) for d in analysis.shapes.data_dependent],
+        "precision": analysis.precision,
+        "source_precision": analysis.source_precision,
+        "folded_nodes": analysis.folded_nodes,
+        "folded_bytes": analysis.folded_bytes,
     }
 
 
