@@ -9,6 +9,7 @@ the child's own peak RSS from ``wait4``. Prints Markdown tables; raw numbers go 
     python bench/plan_scale.py --quick      # up to 10k
     python bench/plan_scale.py --phases     # plus an in-process load/analyze/plan/report split
     python bench/plan_scale.py --profile 100000   # cProfile of the CLI at that size
+    python bench/plan_scale.py --family exporter  # exporter-style GPT-2 graphs, shapes timed apart
 """
 
 from __future__ import annotations
@@ -328,7 +329,18 @@ def main() -> int:
     parser.add_argument("--phases", action="store_true", help="also split time by engine phase")
     parser.add_argument("--profile", type=int, metavar="NODES", help="only cProfile this size")
     parser.add_argument("--top", type=int, default=25, help="rows per --profile listing")
+    parser.add_argument(
+        "--family",
+        choices=("transformer", "exporter"),
+        default="transformer",
+        help="exporter: GPT-2 graphs as torch.onnx.export writes them, shape propagation timed "
+        "apart (bench/exporter_scale.py)",
+    )
     args = parser.parse_args()
+    if args.family == "exporter":
+        import exporter_scale
+
+        return exporter_scale.main(args)
 
     if args.profile:
         model = cached_model(args.profile)
