@@ -87,11 +87,11 @@ def fix_input_dims(
                     f"input shape for {name!r}: dim {axis} = {size}; dims must be >= 1"
                 )
             dim = dims_proto[axis] if dims_proto is not None else None
-            if dim is not None and dim.HasField("dim_value") and dim.dim_value != size:
+            if dim is not None and _fixed(dim) and dim.dim_value != size:
                 raise ConfigError(
                     f"input shape for {name!r} gives dim {axis} = {size}, but the model fixes it to {dim.dim_value}"
                 )
-            param = dim.dim_param if dim is not None and not dim.HasField("dim_value") else ""
+            param = _param(dim) if dim is not None and not _fixed(dim) else ""
             if not param:
                 continue
             if param in dims and dims[param] != size:
@@ -109,8 +109,8 @@ def fix_input_dims(
         dims_proto = _dims(value)
         if dims_proto and value.name not in input_shapes:
             first = dims_proto[0]
-            if not first.HasField("dim_value") and first.dim_param:
-                named.setdefault(first.dim_param, batch_size)
+            if not _fixed(first) and _param(first):
+                named.setdefault(_param(first), batch_size)
 
     shapes: dict[str, tuple[int, ...]] = {}
     resolved: dict[str, int] = {}
@@ -128,14 +128,14 @@ def fix_input_dims(
             continue
         fixed: list[int] = []
         for axis, dim in enumerate(dims_proto):
-            if dim.HasField("dim_value"):
+            if _fixed(dim):
                 if dim.dim_value <= 0:
                     raise ModelInvalidError(
                         f"graph input {value.name!r} has dim {axis} = {dim.dim_value}; dims must be >= 1"
                     )
                 fixed.append(dim.dim_value)
                 continue
-            param = dim.dim_param
+            param = _param(dim)
             if value.name in input_shapes:
                 size = input_shapes[value.name][axis]
             elif param and param in named:
@@ -161,13 +161,23 @@ def fix_input_dims(
     return InputDims(shapes, resolved, tuple(unresolved))
 
 
+def _fixed(dim) -> bool:
+    """A static dim. Paddle exports write -1 for a dynamic one: that is open, like a ``dim_param``."""
+    return dim.HasField("dim_value") and dim.dim_value != -1
+
+
+def _param(dim) -> str:
+    """The dim's name; exporters that write ``?`` for every open dim (Paddle) name none of them."""
+    return "" if dim.dim_param in ("?", "-1") else dim.dim_param
+
+
 def _template(dims_proto, named: Mapping[str, int], batch_size: int) -> str:
     parts = []
     for axis, dim in enumerate(dims_proto):
-        if dim.HasField("dim_value"):
+        if _fixed(dim):
             parts.append(str(dim.dim_value))
-        elif dim.dim_param in named:
-            parts.append(str(named[dim.dim_param]))
+        elif _param(dim) in named:
+            parts.append(str(named[_param(dim)]))
         elif axis == 0:
             parts.append(str(batch_size))
         else:
@@ -191,7 +201,7 @@ def _show(dims_proto) -> str:
     return (
         "["
         + ", ".join(
-            str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
+            str(d.dim_value) if _fixed(d) else (d.dim_param or "?")
             for d in dims_proto
         )
         + "]"

@@ -142,12 +142,55 @@ def _symbolic(light: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
     ssi = SymbolicShapeInference(
         int_max=2**31 - 1, auto_merge=True, guess_output_rank=False, verbose=0
     )
+    # One op the library cannot handle (it asserts: Concat of shape values on axis 1, an If whose
+    # branch outputs carry no type) must not lose every other shape: such a node keeps what ONNX's
+    # single-node inference, which runs before each handler, found for it.
+    for op, handler in list(ssi.dispatcher_.items()):
+        ssi.dispatcher_[op] = _guarded(handler, op, notes, lambda: ssi.known_vi_)
+    ssi._onnx_infer_single_node = _guarded(ssi._onnx_infer_single_node, "onnx", notes, dict)
     with _captured(notes):
         ssi._preprocess(light)
         while ssi.run_:
             ssi._infer_impl()
         ssi._update_output_from_vi()
     return ssi.out_mp_
+
+
+def _guarded(handler, op: str, notes: list[str], known):  # known: () -> {name: ValueInfoProto}
+    def run(node: onnx.NodeProto) -> None:
+        try:
+            handler(node)
+        except Exception as exc:  # the library asserts on inputs it does not expect
+            if op == "Concat" and _retry_concat_on_axis_0(handler, node, known()):
+                return
+            where = f"{node.op_type} node {node.name!r}"
+            notes.append(
+                f"{where}: symbolic inference ({op}) failed ({_first_line(exc)}); its outputs keep ONNX's inference"
+            )
+
+    return run
+
+
+def _retry_concat_on_axis_0(
+    handler, node: onnx.NodeProto, known: Mapping[str, onnx.ValueInfoProto]
+) -> bool:
+    """Paddle joins shape vectors with ``axis=-1``; for 1-D inputs that is axis 0, the only axis the
+    library accepts for shape values."""
+    axis = next((a for a in node.attribute if a.name == "axis"), None)
+    if axis is None or axis.i != -1:
+        return False
+    for name in node.input:
+        value = known.get(name)
+        if value is None or len(value.type.tensor_type.shape.dim) != 1:
+            return False
+    same = onnx.NodeProto()
+    same.CopyFrom(node)
+    next(a for a in same.attribute if a.name == "axis").i = 0
+    try:
+        handler(same)
+    except Exception:
+        return False
+    return True
 
 
 def _onnx_inference(light: onnx.ModelProto) -> onnx.ModelProto:
