@@ -124,6 +124,10 @@ def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
         )
     if len(shapes.data_dependent) > 5:
         warnings.append(f"{len(shapes.data_dependent) - 5} more data-dependent tensor(s), costed the same way")
+    for note in shapes.notes[:5]:
+        warnings.append(f"shape inference: {note}")
+    if len(shapes.notes) > 5:
+        warnings.append(f"shape inference: {len(shapes.notes) - 5} more note(s)")
     if shapes.inference_error:
         warnings.append(f"{shapes.inference_error}; fell back to ONNX shape inference")
     if costs.unknown_tensors:
