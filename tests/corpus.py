@@ -142,7 +142,7 @@ def _truncated(percent: int) -> Builder:
         data = small_model_bytes()
         path = folder / f"truncated-{percent}.onnx"
         path.write_bytes(data[: len(data) * percent // 100])
-        return _bad(path, f"{path} is not an ONNX model")
+        return _bad(path, f"{path} looks incomplete: the file ends inside the model's")
 
     build.__name__ = f"truncated_{percent}"
     return build
@@ -224,6 +224,18 @@ def _opset(version: int) -> Builder:
 def no_default_opset(folder: Path) -> Case:
     model = small_model(opsets={"com.example": 1})
     return _bad(_save(folder, "no-default-opset.onnx", model), "the model imports no default-domain opset")
+
+
+def ml_only(folder: Path) -> Case:
+    """A classical-ML model (like onnxruntime's ``logreg_iris.onnx``): only ``ai.onnx.ml`` ops."""
+    node = helper.make_node("LinearClassifier", ["x"], ["label", "scores"], name="linear", domain="ai.onnx.ml",
+                            coefficients=[0.5] * (2 * HIDDEN), intercepts=[0.0, 0.1], classlabels_ints=[0, 1])
+    graph = helper.make_graph([node], "logreg", [_info("x", [1, HIDDEN])],
+                              [helper.make_tensor_value_info("label", TensorProto.INT64, [1]),
+                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)], ir_version=8)
+    return _bad(_save(folder, "logreg.onnx", model),
+                "imports only 'ai.onnx.ml' (ops: LinearClassifier). sharderd splits neural-network graphs")
 
 
 def unknown_domain(folder: Path) -> Case:
@@ -511,6 +523,7 @@ MODEL_CASES: dict[str, CliCase] = {
     "opset-3": CliCase(_opset(3)),
     "opset-99": CliCase(_opset(99)),
     "no-default-opset": CliCase(no_default_opset),
+    "ml-only": CliCase(ml_only),
     "unknown-domain": CliCase(unknown_domain, shard=True),
     "dim-0": CliCase(_input_dim(0)),
     "dim-negative": CliCase(_input_dim(-3)),

@@ -272,5 +272,10 @@ def running(config: Path, **kwargs: Any) -> Iterator[DaemonProcess]:
 
 
 def results(outbox: Path) -> list[Path]:
-    """Published results (the outbox's visible folders)."""
-    return sorted(p for p in outbox.iterdir() if not p.name.startswith("."))
+    """Published results (the outbox's visible folders but duplicates' pointers)."""
+    return sorted(p for p in outbox.iterdir() if not p.name.startswith(".") and not (p / "duplicate.json").exists())
+
+
+def pointers(outbox: Path) -> list[Path]:
+    """The outbox folders of duplicate jobs: ``duplicate.json`` and reports naming the first result."""
+    return sorted(p for p in outbox.iterdir() if not p.name.startswith(".") and (p / "duplicate.json").exists())

@@ -40,6 +40,7 @@ from daemon_helpers import (
     chain_model,
     drop,
     marked_processes,
+    pointers,
     results,
     running,
     save_model,
@@ -117,10 +118,15 @@ def check_exactly_once(root: Path, sources: Mapping[str, str], *, allow_failed: 
             owners[result] = r["job_id"]
     assert set(results(root / "outbox")) == set(owners), "outbox folders without a succeeded job (or missing)"
     succeeded = {r["result"]: r for r in records if r["state"] == "succeeded"}
+    duplicates = {}
     for r in records:
         if r["state"] == "duplicate":
             original = succeeded.get(r["result"])
             assert original is not None and original["sha256"] == r["sha256"], r
+            duplicates[r["job_id"]] = r["result"]
+    pointed = {(p / ".sharderd-job").read_text().strip(): json.loads((p / "duplicate.json").read_text())["duplicate_of"]["result"]
+               for p in pointers(root / "outbox")}
+    assert pointed == duplicates, "each duplicate has exactly one outbox pointer, at its first result"
     failed = {r["name"]: r for r in records if r["state"] == "failed"}
     assert set(failed) == set(allow_failed), {n: r["error"] for n, r in failed.items()}
     for name, fragment in allow_failed.items():

@@ -152,7 +152,7 @@ def test_bad_inputs_land_in_failed_with_a_readable_reason(root: Path) -> None:
     assert not typo_toml.exists()
     failed = root / "state" / "failed"
     expect = {
-        "corrupt": "is not an ONNX model", "text": "is not an ONNX model", "unnamed": "non-empty name",
+        "corrupt": "looks incomplete", "text": "is not an ONNX model", "unnamed": "non-empty name",
         "escape": "'../secret.bin' contains '..'", "typo": "unknown key 'devicez'",
     }
     for name, needle in expect.items():
@@ -180,7 +180,8 @@ def test_same_content_twice_is_sharded_once(root: Path) -> None:
         assert duplicate["result"] == original["result"]
     assert len(results(root / "outbox")) == 1
     assert sorted(p.name for p in (root / "state" / "done").iterdir()) == ["first", "second"]
-    assert (root / "state" / "done" / "second" / "report.json").is_file()  # the original's report
+    report = json.loads((root / "state" / "done" / duplicate["name"] / "report.json").read_text())  # the pointer's
+    assert report["status"] == "duplicate" and report["duplicate_of"]["result"] == original["result"]
 
 
 def _many_models(root: Path, count: int) -> None:

@@ -7,27 +7,40 @@ copy, an ``ai.onnx.ml`` model, and the README's own sentences.
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from corpus import MODEL_CASES
 from daemon_helpers import chain_model, running, save_model, ts, write_config
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the daemon reads /proc and uses inotify")
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux", reason="the daemon reads /proc and uses inotify"
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def sharderd(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sharderd.cli", *map(str, args)], cwd=cwd, text=True,
-                          capture_output=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "sharderd.cli", *map(str, args)],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
 
 
 # --- 2. the rename-in fast path -----------------------------------------------------------------
 
 
-def test_twenty_renames_of_the_systemd_recipe_are_each_claimed_within_a_second(tmp_path: Path) -> None:
+def test_twenty_renames_of_the_systemd_recipe_are_each_claimed_within_a_second(
+    tmp_path: Path,
+) -> None:
     """``cp model inbox/.x.onnx.part && mv inbox/.x.onnx.part inbox/x.onnx`` (the rename in the same
     clock tick as the last write, so ctime == mtime), 20 times with the default settle_seconds: each
     is detected as moved in and claimed in under a second, never after the 5 s settle window."""
@@ -58,3 +71,106 @@ def test_a_file_written_in_place_still_waits_for_settle_seconds(tmp_path: Path) 
         assert ts(claimed) - written >= 1.5 - 0.05
         assert daemon.events("job.detected", name="w")[0]["moved_in"] is False
 
+
+# --- 1. every hint is a command that works as written ---------------------------------------------
+
+HINT_COMMAND = re.compile(r"`((?:python3?|sharderd) [^`]+)`")
+"""A backticked span that is a command: what a user would paste into a shell."""
+
+
+def hint_commands(text: str) -> list[str]:
+    return HINT_COMMAND.findall(text)
+
+
+def check_diagnostic(command: str, cwd: Path) -> None:
+    """A hint that diagnoses a broken input must say so: exit non-zero, no Python warning instead."""
+    assert "-m onnx.checker" not in command, command
+    done = subprocess.run(command, shell=True, cwd=cwd, text=True, capture_output=True, timeout=120, check=False)
+    assert done.returncode != 0, (command, done.stdout, done.stderr)
+    assert "RuntimeWarning" not in done.stderr and (done.stdout + done.stderr).strip(), (command, done.stderr)
+
+
+@pytest.mark.parametrize("case", [n for n, c in MODEL_CASES.items() if c.bug is None])
+def test_every_hint_the_cli_prints_for_a_broken_model_runs_and_shows_the_problem(case: str, tmp_path: Path) -> None:
+    """Each command in ``sharderd plan``'s error for a corpus model, run as printed, reports the problem."""
+    built = MODEL_CASES[case].build(tmp_path)
+    if built.exit_code == 0:
+        pytest.skip("a valid input: no hint")
+    args = MODEL_CASES[case].args or ("--devices", "2")
+    done = sharderd("plan", built.path, *args, cwd=tmp_path)
+    assert done.returncode == built.exit_code, done.stderr
+    for command in hint_commands(done.stderr):
+        check_diagnostic(command, tmp_path)
+
+
+def test_a_parse_failure_hint_is_the_checker_and_it_fails_on_the_file(tmp_path: Path) -> None:
+    """The corpus' truncated and garbage models get a runnable checker command (was ``python -m onnx.checker``,
+    which exits 0 on any file)."""
+    for case in ("truncated-50", "random-bytes", "graph-not-model"):
+        built = MODEL_CASES[case].build(tmp_path)
+        done = sharderd("plan", built.path, "--devices", "2", cwd=tmp_path)
+        [command] = hint_commands(done.stderr)
+        assert "onnx.checker.check_model" in command
+        check_diagnostic(command, tmp_path)
+
+
+# --- 1, 5, 6, 7, 8 through the daemon ---------------------------------------------------------------
+
+
+def test_failed_and_duplicate_jobs_tell_the_truth(tmp_path: Path) -> None:
+    """One daemon, the inputs a new user drops:
+
+    - a broken model's ``error.md`` gives commands that work as written (the diagnosis fails on the
+      file, ``sharderd retry`` moves it back) and names where the input is now, ``failed/<name>``
+      (a suffixed name when ``failed/<name>`` was taken), never ``processing/<job_id>/``;
+    - a truncated copy "looks incomplete"; an ``ai.onnx.ml`` model is told what sharderd supports;
+    - ``error.md`` lists what the folder holds, and that holds: no report when no plan existed;
+    - a duplicate gets ``outbox/<name>/`` pointing at the first result, and its report says so.
+    """
+    cases = tmp_path / "cases"
+    cases.mkdir()
+    broken = {case: MODEL_CASES[case].build(cases).path for case in ("truncated-50", "random-bytes", "ml-only", "unnamed-nodes")}
+    first = save_model(chain_model(11), tmp_path / "models" / "first.onnx")
+    second = tmp_path / "models" / "second.onnx"
+    second.write_bytes(first.read_bytes())
+    (tmp_path / "state" / "failed" / "random").mkdir(parents=True)  # taken: the job gets random-1
+    config = write_config(tmp_path)
+    inbox = tmp_path / "inbox"
+    with running(config) as daemon:
+        names = {}
+        for case, path in broken.items():
+            names[case] = path.stem
+            path.rename(inbox / path.name)
+        daemon.wait_for("job.failed", count=len(broken), timeout=60)
+        first.rename(inbox / first.name)
+        daemon.wait_for("job.succeeded", name="first", timeout=30)
+        second.rename(inbox / second.name)
+        duplicate = daemon.wait_for("job.duplicate", name="second", timeout=30)[0]
+    failed = tmp_path / "state" / "failed"
+    folders = {names[c]: failed / (names[c] + ("-1" if names[c] == "random" else "")) for c in broken}
+    messages = {name: json.loads((folder / "error.json").read_text())["message"] for name, folder in folders.items()}
+    for name, folder in folders.items():
+        md = (folder / "error.md").read_text()
+        assert "processing" not in md and "processing" not in (folder / "error.json").read_text(), md
+        assert str(folder) in md
+        assert sorted(p.name for p in folder.iterdir()) == sorted([f"{name}.onnx", "error.json", "error.md"])
+        assert "no report: the job stopped before sharderd wrote one" in md
+        commands = hint_commands(md)
+        retry = [c for c in commands if c.startswith("sharderd retry")]
+        assert retry == [f"sharderd retry {folder.name} --config {config}"], commands
+        for command in commands:
+            if command not in retry:
+                check_diagnostic(command, tmp_path)
+        assert subprocess.run(retry[0], shell=True, check=False, capture_output=True).returncode == 0
+        assert (inbox / f"{name}.onnx").is_file()
+    assert "looks incomplete" in messages[names["truncated-50"]]
+    assert "sharderd splits neural-network graphs of default-domain (ai.onnx) ops" in messages[names["ml-only"]]
+    # 5: the duplicate's outbox entry and report
+    pointer = tmp_path / "outbox" / "second"
+    assert json.loads((pointer / "duplicate.json").read_text())["duplicate_of"]["result"] == duplicate["result"]
+    for folder in (pointer, tmp_path / "state" / "done" / "second"):
+        report_md = (folder / "report.md").read_text()
+        assert report_md.startswith("# sharderd report: second: duplicate")
+        assert "first.onnx" not in report_md.splitlines()[0] and duplicate["result"] in report_md
+        assert json.loads((folder / "report.json").read_text())["status"] == "duplicate"
+    assert 'href="../first/report.html"' in (pointer / "report.html").read_text()

@@ -91,14 +91,18 @@ def test_every_truncation_of_a_model_is_refused(
         message = _load_error(path)
         assert str(path) in message, offset
         causes.add(
-            "does not parse"
+            "looks incomplete"
+            if "looks incomplete" in message
+            else "does not parse"
             if "does not parse" in message
             else "parses, but"
             if "parses, but" in message
             else message
         )
-    # both kinds of damage occur: a cut inside a field, and a cut between whole fields
-    assert causes == {"does not parse", "parses, but"}
+    # both kinds of damage occur: a cut inside a field (said to be an incomplete copy, issue 14.7;
+    # "does not parse" only for a cut inside the first field), and a cut between whole fields
+    assert causes <= {"looks incomplete", "does not parse", "parses, but"}
+    assert {"looks incomplete", "parses, but"} <= causes
 
 
 def test_truncation_just_before_the_opset_imports_is_refused(

@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ _MAX_SUFFIX: Final = 10_000
 
 _ADVICE: Final[Mapping[str, str]] = {
     "bad_config": "Fix the sidecar (.toml) named above, then move the model and sidecar back into the inbox.",
-    "bad_model": "Check the model with `python -m onnx.checker` or re-export it, then move it back into the inbox.",
+    "bad_model": "Re-export the model (or copy it again, whole), then retry it.",
     "bad_job": "Make the job a single `<name>.onnx` file, or a folder holding exactly one `.onnx` with its external data, then move it back into the inbox.",
     "does_not_fit": "Give the job more devices (sidecar `devices = N`) or a smaller batch size, then move it back into the inbox.",
     "backend_unavailable": "Install the backend on this host or choose another one (sidecar `backend = ...`).",
@@ -55,7 +56,9 @@ _ADVICE: Final[Mapping[str, str]] = {
     "worker_crashed": "The worker process crashed repeatedly (see the signal in error.json); check memory limits and the compiler log.",
     "timeout": "Compiling took longer than `attempt_timeout`; raise it in sharderd.toml or give the job more devices.",
 }
-_DEFAULT_ADVICE: Final = "Read error.json for details; move the input back into the inbox to try again."
+_DEFAULT_ADVICE: Final = "Read error.json for details."
+_REPRODUCIBLE: Final = frozenset({"bad_model"})
+"""Reasons ``sharderd plan`` shows again from the failed folder, so error.md gives that command."""
 
 
 def tmp_dir_for(outbox: Path, job_id: str) -> Path:
@@ -89,11 +92,16 @@ def find_published(outbox: Path, name: str, job_id: str) -> Path | None:
 
 
 def fail_job(processing_job_dir: Path, failed_dir: Path, name: str,
-             error: SharderdError | Mapping[str, Any], *, now: float | None = None,
+             error: SharderdError | Mapping[str, Any], *, model: Path | None = None,
+             config_path: Path | None = None, now: float | None = None,
              file_mode: int = 0o640, dir_mode: int = 0o750) -> Path:
     """Move a job's folder to ``failed/<name>`` with ``error.json`` and ``error.md`` inside.
 
     The two files are written and fsynced before the move, so the failed folder appears complete.
+    They name paths where the files will be, not ``processing/<job_id>/`` (gone after the move):
+    the folder's name is the first free one, and should another process take it meanwhile, the
+    files are written again under the name the move got. ``model`` (the input's path in
+    ``processing_job_dir``) and ``config_path`` (the daemon's) make the advice runnable commands.
     They and the folder get ``file_mode``/``dir_mode`` whatever the umask; the input keeps its own.
     """
     info: dict[str, Any] = dict(error.to_dict() if isinstance(error, SharderdError) else error)
@@ -104,20 +112,75 @@ def fail_job(processing_job_dir: Path, failed_dir: Path, name: str,
     info["job_id"] = processing_job_dir.name
     info["name"] = name
     info["time"] = _iso(time.time() if now is None else now)
-    _write_synced(processing_job_dir / "error.json", json.dumps(info, indent=2, sort_keys=True, default=str) + "\n", file_mode)
-    _write_synced(processing_job_dir / "error.md", _error_md(info), file_mode)
+    failed_dir.mkdir(parents=True, exist_ok=True)
+    held = sorted(p.name for p in processing_job_dir.iterdir() if not p.name.startswith("."))
+    files = _FailureFiles(processing_job_dir, info, held, model, config_path, file_mode)
+    planned = _first_free(failed_dir, name)
+    files.write(processing_job_dir, planned)
     processing_job_dir.chmod(dir_mode)
     fsync_dir(processing_job_dir)
-    failed_dir.mkdir(parents=True, exist_ok=True)
-    return rename_unique(processing_job_dir, failed_dir, name)
+    dest = rename_unique(processing_job_dir, failed_dir, name)
+    if dest != planned:  # another process took the name in between: say where the files really are
+        files.write(dest, dest)
+        fsync_dir(dest)
+    return dest
 
 
-def _error_md(info: Mapping[str, Any]) -> str:
+@dataclass(frozen=True, slots=True)
+class _FailureFiles:
+    """``error.json`` and ``error.md`` of one failed job, for the folder it will be moved to."""
+
+    source: Path
+    info: Mapping[str, Any]
+    held: list[str]
+    """What the job's folder holds besides the two files (input, sidecar, reports)."""
+    model: Path | None
+    config_path: Path | None
+    mode: int
+
+    def write(self, folder: Path, dest: Path) -> None:
+        info = _relocated(self.info, self.source, dest)
+        model = None if self.model is None else dest / self.model.relative_to(self.source)
+        _write_synced(folder / "error.json", json.dumps(info, indent=2, sort_keys=True, default=str) + "\n", self.mode)
+        _write_synced(folder / "error.md", _error_md(info, dest, self.held, model, self.config_path), self.mode)
+
+
+def _relocated(value: Any, source: Path, dest: Path) -> Any:
+    """``value`` with every mention of the ``processing/<job_id>`` folder pointing at ``dest``."""
+    if isinstance(value, str):
+        return value.replace(str(source), str(dest))
+    if isinstance(value, Mapping):
+        return {k: _relocated(v, source, dest) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_relocated(v, source, dest) for v in value]
+    return value
+
+
+def _first_free(parent: Path, name: str) -> Path:
+    """The name ``rename_unique`` will take unless someone else takes it first."""
+    for k in range(_MAX_SUFFIX):
+        dest = parent / (name if k == 0 else f"{name}-{k}")
+        if not os.path.lexists(dest):
+            return dest
+    return parent / name
+
+
+def _command(*words: str | Path | None) -> str:
+    return "`" + " ".join(shlex.quote(str(w)) for w in words if w is not None) + "`"
+
+
+def _error_md(info: Mapping[str, Any], dest: Path, held: list[str], model: Path | None,
+              config_path: Path | None) -> str:
     core = ("reason", "message", "hint", "exit_code", "job_id", "name", "time")
+    config = ("--config", config_path) if config_path is not None else (None, None)
+    advice = info["hint"] or _ADVICE.get(str(info["reason"]), _DEFAULT_ADVICE)
+    if not info["hint"] and info["reason"] in _REPRODUCIBLE and model is not None:
+        advice = (f"See the same check again with {_command('sharderd', 'plan', model, '--devices', '1', *config)}; "
+                  f"fix or re-export the model. {advice}")
     lines = [
         f"# {info['name']}: failed", "",
         f"**What went wrong.** {info['message']}", "",
-        f"**What to do.** {info['hint'] or _ADVICE.get(str(info['reason']), _DEFAULT_ADVICE)}", "",
+        f"**What to do.** {advice}", "",
         f"- reason: `{info['reason']}`",
         f"- job id: `{info['job_id']}`",
         f"- time: {info['time']}",
@@ -129,8 +192,14 @@ def _error_md(info: Mapping[str, Any]) -> str:
             lines += ["", f"{key} (last 4000 characters):", "", "```", text[-4000:], "```"]
         else:
             lines.append(f"- {key}: {text}")
-    lines += ["", "This folder holds the input as it was claimed. To try again, fix the problem and "
-              "move the model (and its sidecar) back into the inbox.", ""]
+    reports = [n for n in held if n.startswith("report.")]
+    inputs = [n for n in held if not n.startswith("report.")]
+    listing = ", ".join(f"`{n}`" for n in inputs) or "nothing of the input"
+    lines += ["", f"This folder, `{dest}`, holds the input as it was claimed ({listing}), `error.json` and this file"
+              + (f", and the reports of the run ({', '.join(f'`{n}`' for n in reports)})." if reports else
+                 "; no report: the job stopped before sharderd wrote one.")]
+    lines += ["", f"To try again, fix the problem, then move the input back into the inbox with "
+              f"{_command('sharderd', 'retry', dest.name, *config)}.", ""]
     return "\n".join(lines)
 
 

@@ -55,7 +55,7 @@ def parse_events(data: bytes) -> tuple[list[str], bool, bool]:
     offset = 0
     while offset + _HEADER.size <= len(data):
         _, mask, _, length = _HEADER.unpack_from(data, offset)
-        raw = data[offset + _HEADER.size: offset + _HEADER.size + length]
+        raw = data[offset + _HEADER.size : offset + _HEADER.size + length]
         offset += _HEADER.size + length
         overflow = overflow or bool(mask & _IN_Q_OVERFLOW)
         gone = gone or bool(mask & _IN_IGNORED)

@@ -7,8 +7,10 @@ external files are only ``stat``-ed, so a 6 GB model plans in a few hundred MB o
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -18,7 +20,7 @@ from google.protobuf.message import DecodeError
 from sharderd.errors import ModelInvalidError
 from sharderd.graph.tensors import all_tensors, tensor_nbytes
 
-__all__ = ["ExternalFile", "LoadedModel", "load_model", "parse_model_bytes"]
+__all__ = ["ExternalFile", "LoadedModel", "check_command", "load_model", "parse_model_bytes", "truncated_field"]
 
 _MAX_MODEL_FILE = 2**31  # protobuf's own limit; bigger weights must be external
 
@@ -78,20 +80,87 @@ def load_model(path: Path) -> LoadedModel:
     )
 
 
+def check_command(where: str) -> str:
+    """A shell command that shows onnx's own verdict on the file (exit 1 and the reason when bad).
+
+    ``python -m onnx.checker`` is not one: that module has no ``__main__`` and exits 0 on any file.
+    """
+    code = f"import onnx; onnx.checker.check_model({json.dumps(where)})"
+    return f"`python3 -c {shlex.quote(code)}`"
+
+
 def parse_model_bytes(data: bytes, where: str) -> onnx.ModelProto:
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
+        cut = truncated_field(data)
+        if cut is not None:
+            raise ModelInvalidError(
+                f"{where} looks incomplete: the file ends inside the model's {cut} field ({len(data)} bytes "
+                "read); an interrupted copy or download leaves exactly this",
+                hint=f"Copy the file again, whole. onnx's checker shows the same: {check_command(where)}",
+            ) from None
         raise ModelInvalidError(
-            f"{where} is not an ONNX model: the protobuf does not parse ({exc or 'truncated or corrupt'})"
+            f"{where} is not an ONNX model: the protobuf does not parse ({exc or 'corrupt'})",
+            hint=f"onnx's checker shows the same: {check_command(where)}",
         ) from None
     if not model.HasField("graph") or model.ir_version <= 0 or not model.opset_import:
         raise ModelInvalidError(
-            f"{where} is not an ONNX model: it parses, but has no graph, IR version or opset imports"
+            f"{where} is not an ONNX model: it parses, but has no graph, IR version or opset imports",
+            hint=f"onnx's checker shows the same: {check_command(where)}",
         )
     _check_text(model.graph, where)
     return model
+
+
+_MODEL_FIELDS: dict[int, tuple[str, int]] = {
+    1: ("ir_version", 0), 2: ("producer_name", 2), 3: ("producer_version", 2), 4: ("domain", 2),
+    5: ("model_version", 0), 6: ("doc_string", 2), 7: ("graph", 2), 8: ("opset_import", 2),
+    14: ("metadata_props", 2), 20: ("training_info", 2), 25: ("functions", 2),
+}
+"""``ModelProto`` fields by number: name and wire type (0 varint, 2 length-delimited)."""
+
+
+def truncated_field(data: bytes) -> str | None:
+    """The ``ModelProto`` field a prefix of a valid model ends in, else None.
+
+    Walks the top-level wire format: every field before the last must be a ModelProto field with
+    its own wire type, and the last must run past the end of the file (a length or a varint cut
+    short). Random bytes fail the first test within a field or two; a truncated copy passes both.
+    """
+    pos, complete = 0, 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        if key is None:
+            return "field key" if complete else None
+        field = _MODEL_FIELDS.get(key >> 3)
+        if field is None or field[1] != key & 7:
+            return None
+        if field[1] == 0:
+            value, pos = _varint(data, pos)
+            if value is None:
+                return field[0] if complete else None
+        else:
+            length, pos = _varint(data, pos)
+            if length is None or pos + length > len(data):
+                return field[0] if complete else None
+            pos += length
+        complete += 1
+    return None
+
+
+def _varint(data: bytes, pos: int) -> tuple[int | None, int]:
+    """Decode a protobuf varint at ``pos``: ``(value, next position)``, value None when cut short."""
+    value = shift = 0
+    while pos < len(data) and shift < 64:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    return None, pos
 
 
 def _check_text(graph: onnx.GraphProto, where: str) -> None:
@@ -157,11 +226,32 @@ def check_external_data(model: onnx.ModelProto, base: Path) -> tuple[ExternalFil
         if end > st.st_size:
             raise ModelInvalidError(
                 f"external data of tensor {name!r} is short: {location!r} has {st.st_size} bytes, "
-                f"the tensor needs bytes {offset}..{end}"
+                f"the tensor needs bytes {offset}..{end}; {_short_copy(model, root / location, st.st_size)}",
+                hint="Copy the model and its data files again, whole (in the daemon: one folder job, moved in "
+                     "with one rename once the copy has finished).",
             )
         size, count = files.get(location, (st.st_size, 0))
         files[location] = (size, count + 1)
     return tuple(ExternalFile(loc, size, count) for loc, (size, count) in sorted(files.items()))
+
+
+def _short_copy(model: onnx.ModelProto, target: Path, size: int) -> str:
+    """Why a data file is short: a copy cut off (its tensors would end past it) or a mismatch."""
+    target_s = os.path.normcase(os.path.realpath(target))
+    declared = 0
+    for _, tensor in all_tensors(model.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        if os.path.normcase(os.path.realpath(target.parent / info.get("location", ""))) != target_s:
+            continue
+        try:
+            declared = max(declared, int(info.get("offset", "0")) + int(info.get("length", tensor_nbytes(tensor))))
+        except ValueError:
+            continue
+    share = size / declared if declared else 0.0
+    return (f"the model's tensors declare {declared} bytes in it, {share:.0%} of which are there: "
+            "the copy looks incomplete")
 
 
 def _check_location(name: str, location: str, root: Path) -> None:
