@@ -85,7 +85,8 @@ def plan_stages(
                 )
         raise error
     partition, oc, name = best
-    plan = _build_plan(analysis, oc, name, partition, target, caps, safety_margin, scale)
+    overhead = target.op_overhead_s if measured_s is None else 0.0
+    plan = _build_plan(analysis, oc, name, partition, target, caps, safety_margin, scale, overhead)
     timings["total"] = time.perf_counter() - t0
     return replace(plan, orders_tried=tried, timings_s=timings, probes=partition.probes)
 
@@ -99,6 +100,7 @@ def _build_plan(
     caps: np.ndarray,
     margin: float,
     scale: np.ndarray,
+    overhead_per_node: float = 0.0,
 ) -> Plan:
     flow = analysis.flow
     bounds = partition.bounds
@@ -107,8 +109,12 @@ def _build_plan(
     for s, (a, b) in enumerate(itertools.pairwise(bounds)):
         assignment[oc.order[a:b]] = s
         weights, live, code = oc.stage_memory(a, b)
-        comm = float(oc.cut_bytes[a] + oc.cut_bytes[b]) / target.link_bytes_per_s
+        comm_in = float(oc.cut_bytes[a]) / target.link_bytes_per_s
+        comm_out = float(oc.cut_bytes[b]) / target.link_bytes_per_s
+        comm = comm_in + comm_out
         total = oc.stage_time(a, b)
+        host = 0.0 if oc.host_time is None else float(oc.host_time[a:b].sum())
+        overhead = overhead_per_node * (b - a)
         stages.append(
             StageCost(
                 index=s,
@@ -129,6 +135,11 @@ def _build_plan(
                 compute_s=total - comm,
                 comm_s=comm,
                 time_s=total,
+                flops_s=total - comm - host - overhead,
+                overhead_s=overhead,
+                host_s=host,
+                comm_in_s=comm_in,
+                comm_out_s=comm_out,
             )
         )
     cut_tensors = []

@@ -46,6 +46,8 @@ class OrderedCosts:
     """int64 [T]: position where each tensor appears (first reader for graph inputs; -1 unused)."""
     last_pos: np.ndarray
     """int64 [T]: last position that reads it (== producer_pos when nobody does)."""
+    host_time: np.ndarray | None = None
+    """float64 [n]: the host I/O part of ``node_time`` (graph inputs streamed in, outputs sent out)."""
 
     @property
     def n(self) -> int:
@@ -125,7 +127,8 @@ def ordered_costs(
     live = cut[:n] + out_bytes + host_in
     flops = costs.flops[order]
     per_node = calibrated_compute_s(analysis, target, None) if compute_s is None else compute_s
-    node_time = per_node[order] + (host_in + host_out) / target.host_bytes_per_s
+    host_time = (host_in + host_out) / target.host_bytes_per_s
+    node_time = per_node[order] + host_time
     prefix = np.zeros(n + 1, dtype=np.float64)
     np.cumsum(node_time, out=prefix[1:])
 
@@ -155,4 +158,5 @@ def ordered_costs(
         link_bytes_per_s=target.link_bytes_per_s,
         producer_pos=produced_at,
         last_pos=last,
+        host_time=host_time,
     )

@@ -34,8 +34,19 @@ class StageCost:
     """What the planner allowed: capacity / (safety margin × correction)."""
     capacity_bytes: int
     compute_s: float
+    """Everything but device-to-device copies: ``flops_s + overhead_s + host_s``."""
     comm_s: float
+    """``comm_in_s + comm_out_s``: receiving from and sending to the neighbouring stages."""
     time_s: float
+    """``compute_s + comm_s``: the stage's predicted time per batch."""
+    flops_s: float = 0.0
+    """FLOPs at the target's effective rate (or measured node times, ``cost_model = "measured"``)."""
+    overhead_s: float = 0.0
+    """``op_overhead_s`` per node (0 with measured node times, which include it)."""
+    host_s: float = 0.0
+    """Graph inputs streamed from the host and graph outputs sent back, at ``host_bytes_per_s``."""
+    comm_in_s: float = 0.0
+    comm_out_s: float = 0.0
 
     @property
     def memory_fraction(self) -> float:
