@@ -21,6 +21,9 @@ from sharderd.errors import EXIT_FAILED, EXIT_OK, ConfigError, SharderdError
 
 __all__ = ["main"]
 
+_DESCRIPTION = ("Split an ONNX model into pipeline stages, one accelerator each (IPU via PopRT, or checked "
+                "with onnxruntime), or run the inbox daemon that does it for every model dropped in.")
+
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path, help="the .onnx file (external data beside it)")
@@ -41,11 +44,16 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sharderd", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="sharderd", description=_DESCRIPTION,
+        epilog="Exit codes: 0 done, 1 compile or verification failed, 2 bad input or usage, 3 does not fit, "
+               "4 backend unavailable. `sharderd COMMAND --help` shows a command's options.")
     parser.add_argument("--version", action="version", version=f"sharderd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("plan", help="print the plan; write nothing")
+    p = sub.add_parser("plan", help="print the plan; write nothing",
+                       epilog="plan never compiles or runs the model; to prove a plan (--backend, --optimal-perf, "
+                              "--out, ...) use `sharderd shard`.")
     _add_common(p)
     p.add_argument("--json", action="store_true", help="print report.json's content")
 
@@ -84,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", help="ask the daemon to cancel a pending or running job (it goes to failed/)")
     p.add_argument("job_id", help="as in the log's job_id and `sharderd status`")
     p.add_argument("--config", "-c", type=Path, help=ops_config)
+    for command in sub.choices.values():
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -333,7 +343,9 @@ _COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:  # the command's own usage, not the root's: argparse would blame ``sharderd`` itself
+        args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return _COMMANDS[args.command](args)
     except SharderdError as err:

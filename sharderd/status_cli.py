@@ -15,7 +15,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -45,6 +45,8 @@ class DaemonStatus:
     last_24h: Mapping[str, int] | None
     last_24h_source: str | None
     """``daemon`` (``status.json``) or ``journal``."""
+    hint: str | None = None
+    """What to try when nothing was found: usually ``--config``, when the built-in defaults were read."""
 
 
 def runtime_dir(daemon: DaemonConfig) -> Path:
@@ -67,7 +69,8 @@ def read_status(config: Config, now: float | None = None) -> DaemonStatus:
         if not isinstance(report, dict):
             raise ValueError("not a JSON object")
     except FileNotFoundError:
-        return _verdict(path, None, f"not running: there is no {path}", None, daemon, t)
+        found = _verdict(path, None, f"not running: there is no {path}", None, daemon, t)
+        return replace(found, hint=_config_hint(config))
     except PermissionError:
         raise SharderdError(f"cannot read {path}: permission denied",
                             hint="Run as the daemon's user or root; an older daemon wrote it 0640 (restarting it fixes that).") from None
@@ -87,15 +90,28 @@ def read_status(config: Config, now: float | None = None) -> DaemonStatus:
     return _verdict(path, report, problem, age, daemon, t)
 
 
+def _config_hint(config: Config) -> str | None:
+    """Without ``--config`` (and no ``/etc/sharderd/sharderd.toml``) the default folders were read, which
+    a daemon started with its own file does not use: say so, with the file in this folder if there is one."""
+    if config.source is not None:
+        return None
+    here = Path("sharderd.toml")
+    example = f": `sharderd status --config {here}`" if here.is_file() else ""
+    return (f"No --config was given and {OPS_CONFIG} does not exist, so these are the built-in default folders. "
+            f"If the daemon runs with its own sharderd.toml, pass it with --config FILE{example}.")
+
+
 def _verdict(path: Path, report: Mapping[str, Any] | None, problem: str | None, age: float | None,
              daemon: DaemonConfig, now: float) -> DaemonStatus:
     recent, source = None, None
     if problem is None and report is not None and isinstance(report.get("last_24h"), Mapping):
         recent, source = dict(report["last_24h"]), "daemon"
     else:
+        journal = daemon.state_dir.absolute() / "journal"
         try:
-            counts = Counter(state for _, state in recent_outcomes(daemon.state_dir.absolute() / "journal", now))
-            recent, source = {o: counts[o] for o in _OUTCOMES}, "journal"
+            if journal.is_dir():  # no journal, no counts: "0 succeeded" would be a claim about nothing
+                counts = Counter(state for _, state in recent_outcomes(journal, now))
+                recent, source = {o: counts[o] for o in _OUTCOMES}, "journal"
         except PermissionError:
             pass
     return DaemonStatus(path, problem is None, problem, report, age, recent, source)
@@ -110,6 +126,7 @@ def status_json(status: DaemonStatus) -> dict[str, Any]:
         "heartbeat_age_s": None if status.heartbeat_age_s is None else round(status.heartbeat_age_s, 3),
         "last_24h": status.last_24h,
         "last_24h_source": status.last_24h_source,
+        "hint": status.hint,
         "daemon": status.report,
     }
 
@@ -124,6 +141,8 @@ def render_text(status: DaemonStatus, now: float | None = None) -> str:
                  f"({_span(_age(r.get('since'), t))}), heartbeat {_span(status.heartbeat_age_s)} ago"]
     else:
         lines = [f"sharderd is not up: {status.problem}"]
+        if status.hint:
+            lines.append(status.hint)
         if status.report is not None:
             lines.append(f"last report (sharderd {version}, pid {r.get('pid')}, up since {r.get('since')}):")
     if status.report is not None:

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from corpus import MODEL_CASES
@@ -174,3 +175,63 @@ def test_failed_and_duplicate_jobs_tell_the_truth(tmp_path: Path) -> None:
         assert "first.onnx" not in report_md.splitlines()[0] and duplicate["result"] in report_md
         assert json.loads((folder / "report.json").read_text())["status"] == "duplicate"
     assert 'href="../first/report.html"' in (pointer / "report.html").read_text()
+
+
+# --- 3, 4: the report says what was measured where, and every term of a stage's time ------------------
+
+
+@pytest.fixture(scope="module")
+def small_transformer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("model")
+    done = sharderd("example-model", "transformer", "--out", folder / "t.onnx", "--set", "layers=2",
+                    "--set", "hidden=32", "--set", "seq=8", "--set", "vocab=50", cwd=folder)
+    assert done.returncode == 0, done.stderr
+    return folder / "t.onnx"
+
+
+def shard_report(model: Path, out: Path, *args: str) -> tuple[dict[str, Any], str, str]:
+    pytest.importorskip("onnxruntime")
+    done = sharderd("shard", model, "--devices", "2", "--backend", "onnxruntime", "--out", out, "-q", *args)
+    assert done.returncode == 0, done.stderr
+    return (json.loads((out / "report.json").read_text()), (out / "report.md").read_text(),
+            (out / "report.html").read_text())
+
+
+def test_ipu_predictions_and_cpu_measurements_compare_as_shares_not_seconds(small_transformer: Path, tmp_path: Path) -> None:
+    """Default target ipu-mk2, measured by onnxruntime on the CPU: the report says where each number
+    comes from, compares per-stage shares (not µs against ms), and claims no compile and no amp."""
+    report, md, html = shard_report(small_transformer, tmp_path / "out")
+    assert report["target"]["name"] == "ipu-mk2" and report["backend"] == "onnxruntime"
+    assert "share per stage" in md and "Different devices, so the absolute times do not compare" in md
+    assert "measured with onnxruntime (CPUExecutionProvider) on the host that ran sharderd" in md
+    assert "a different device: the two numbers do not compare" in md
+    assert "status: **verified**" in md and "nothing was compiled" in md
+    assert 'data-compare="shares"' in html and "data-share=" in html
+    assert re.search(r'data-status="compiled">verified<', html)
+    measured = re.findall(r'class="bar-measured" data-seconds="[^"]+" data-share="([^"]+)"', html)
+    assert measured and abs(sum(map(float, measured)) - 1.0) < 1e-9
+    assert "different device from the prediction" in html
+    attempts = html[html.index('<table class="attempts">'):]
+    amp_cells = re.findall(r"</code></td><td>([^<]*)</td>", attempts[: attempts.index("</table>")])
+    assert amp_cells and all(cell == "" for cell in amp_cells), amp_cells  # no "amp 0" for onnxruntime
+
+
+def test_a_cpu_target_measured_on_the_cpu_compares_absolute_times(small_transformer: Path, tmp_path: Path) -> None:
+    """Same kind of device (target cpu, CPUExecutionProvider): seconds beside seconds."""
+    _, md, html = shard_report(small_transformer, tmp_path / "out", "--target", "cpu")
+    assert "| measured |" in md and "share per stage" not in md
+    assert 'data-compare="absolute"' in html and "data-share=" not in html
+
+
+def test_every_term_of_a_stage_time_is_reported_and_they_sum_to_it(small_transformer: Path, tmp_path: Path) -> None:
+    """compute + per-node overhead + host I/O + comm in + comm out = the stage's time, in all three files;
+    the last stage's logits going to the host show as host I/O (they were hidden in "time" before)."""
+    report, md, html = shard_report(small_transformer, tmp_path / "out")
+    terms = ("flops_s", "overhead_s", "host_s", "comm_in_s", "comm_out_s")
+    for stage in report["plan"]["stages"]:
+        assert sum(stage[t] for t in terms) == pytest.approx(stage["time_s"], rel=1e-9, abs=1e-15)
+        assert all(stage[t] >= 0 for t in terms)
+    assert report["plan"]["stages"][-1]["host_s"] > 0
+    for label in ("compute", "per-node overhead", "host I/O", "comm in", "comm out"):
+        assert f"| {label} |" in md or f" {label} |" in md
+        assert f"<th>{label}</th>" in html

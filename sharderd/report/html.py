@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 from typing import Any
 
+from sharderd.report.markdown import TERMS_NOTE, TIME_TERMS, has_terms
+from sharderd.report.measured import amp_of, measurement, status_label
 from sharderd.report.svg import (
     MEMORY_PARTS,
     OUTCOME_COLOURS,
@@ -89,11 +91,15 @@ def _facts(report: Mapping[str, Any]) -> str:
             ("bottleneck", "bottleneck", f"stage {_e(plan['slowest_stage'])}, {_e(fmt_seconds(plan['bottleneck_s']))} per batch"),
             ("bound", "lower bound", f"{_e(fmt_seconds(plan['lower_bound_s']))} (ratio {ratio:.3f})"),
             ("throughput", "predicted throughput",
-             f"{tput:.1f} samples/s (batch {_e(report['batch_size'])})" if tput else "n/a"),
+             f"{tput:.1f} samples/s (batch {_e(report['batch_size'])}) on <code>{_e(target['name'])}</code>, "
+             "cost model" if tput else "n/a"),
         ]
     bench = report.get("benchmark")
     if bench:
-        facts.append(("measured", "measured throughput", f"{bench['throughput_per_s']:.1f} samples/s"))
+        where = measurement(report)
+        note = "" if where.same_device else "; a different device from the prediction's: the numbers do not compare"
+        facts.append(("measured", "measured throughput",
+                      f"{bench['throughput_per_s']:.1f} samples/s with {_e(where.where)}{_e(note)}"))
     if report.get("verification"):
         ok = report["verification"].get("passed")
         facts.append(("verification", "verification", '<span class="ok">passed</span>' if ok else '<span class="bad">FAILED</span>'))
@@ -124,15 +130,24 @@ def _times(report: Mapping[str, Any]) -> str:
     if not timed:
         return ""
     charts = []
+    absolute = True
     for a in timed:
         measured = (a.get("benchmark") or {}).get("stage_times_s") or a["details"]["stage_times_s"]
         chosen = " (chosen)" if a.get("index") == report.get("chosen_attempt") else ""
-        charts.append(f'<figure class="times" data-attempt="{_e(a.get("index"))}">'
-                      f"{time_chart(a.get('predicted_stage_times_s') or [], measured)}"
-                      f"<figcaption><b>attempt {_e(a.get('index'))}{chosen}</b>: {_e(a.get('cost_model', 'analytic'))} "
-                      f"cost model, plan <code>{_e(a.get('plan_digest', ''))}</code></figcaption></figure>")
+        where = measurement(report, a)
+        absolute = absolute and where.same_device
+        how = ("absolute times, same kind of device" if where.same_device else
+               "each stage's share of its profile's total: different devices, so only the shapes compare")
+        charts.append(f'<figure class="times" data-attempt="{_e(a.get("index"))}" '
+                      f'data-compare="{"absolute" if where.same_device else "shares"}">'
+                      f"{time_chart(a.get('predicted_stage_times_s') or [], measured, as_shares=not where.same_device)}"
+                      f"<figcaption><b>attempt {_e(a.get('index'))}{chosen}</b>: predicted for "
+                      f"<code>{_e(report['target']['name'])}</code> ({_e(a.get('cost_model', 'analytic'))} cost model), "
+                      f"measured with {_e(where.where)}; {_e(how)}. Plan <code>{_e(a.get('plan_digest', ''))}</code>"
+                      "</figcaption></figure>")
     legend = _legend([("predicted", "#a0b4cc"), ("measured", "#1f4e79")])
-    return (f'<section id="times"><h2>Predicted vs measured time per stage</h2>{legend}'
+    title = "Predicted vs measured time per stage" if absolute else "Predicted vs measured share of time per stage"
+    return (f'<section id="times"><h2>{title}</h2>{legend}'
             f'<div class="charts">{"".join(charts)}</div></section>')
 
 
@@ -141,11 +156,17 @@ def _strip(plan: Mapping[str, Any]) -> str:
         f"<li>stage {int(c['cut']) - 1} → {int(c['cut'])}: <b>{_e(fmt_bytes(c['bytes']))}</b>: "
         + ", ".join(f"<code>{_e(t['name'])}</code> ({_e(fmt_bytes(t['bytes']))})" for t in c["tensors"]) + "</li>"
         for c in plan["cuts"])
+    terms = all(has_terms(s) for s in plan["stages"])
+    keys = [k for k, _ in TIME_TERMS] if terms else ["comm_s"]
     rows = [[f"<span class=\"tag\" style=\"background:{stage_colour(int(s['index']))};color:#fff\">{_e(s['index'])}</span>",
              f"#{_e(s['num_nodes'])}", f"<code>{_e(s['first_node'])}</code>", f"<code>{_e(s['last_node'])}</code>",
-             f"#{_e(fmt_flops(s['flops']))}", f"#{_e(fmt_seconds(s['time_s']))}", f"#{_e(fmt_seconds(s['comm_s']))}"]
+             f"#{_e(fmt_flops(s['flops']))}", f"#{_e(fmt_seconds(s['time_s']))}",
+             *(f"#{_e(fmt_seconds(s[k]))}" for k in keys)]
             for s in plan["stages"]]
-    table = _table(["stage", "nodes", "first node", "last node", "FLOPs", "time", "of which comm"], rows, "stages")
+    heads = [label for _, label in TIME_TERMS] if terms else ["of which comm"]
+    table = _table(["stage", "nodes", "first node", "last node", "FLOPs", "time", *heads], rows, "stages")
+    if terms:
+        table += f"<p>{_e(TERMS_NOTE)}</p>"
     return (f'<section id="model"><h2>The model, split</h2>{model_strip(plan["stages"], plan["cuts"], plan["slowest_stage"])}'
             f"<p>Order <code>{_e(plan['order'])}</code>; the slowest stage is outlined. Cut labels are the bytes "
             f"sent between neighbouring stages per batch.</p>{table}"
@@ -171,7 +192,7 @@ def _attempts(report: Mapping[str, Any]) -> str:
     for a in attempts:
         outcome = str(a.get("outcome"))
         colour = OUTCOME_COLOURS.get(outcome, "#555")
-        amp = (a.get("options") or {}).get("available_memory_proportion")
+        amp = amp_of(report, a)
         message = (a.get("message") or "").splitlines()[0][:200] if a.get("message") else ""
         rows.append([f"#{_e(a.get('index'))}", _e(a.get("label", "")),
                      f'<b style="color:{colour}">{_e(outcome)}</b>', f"#{float(a.get('duration_s') or 0):.2f} s",
@@ -246,7 +267,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
-        f'<header><h1>{_e(title)} <span class="status status-{_e(status)}" data-status="{_e(status)}">{_e(status)}</span></h1>'
+        f'<header><h1>{_e(title)} <span class="status status-{_e(status)}" data-status="{_e(status)}">{_e(status_label(report))}</span></h1>'
         f"{_facts(report)}</header><main>{''.join(sections)}</main>"
         f"<footer>sharderd {_e(report.get('sharderd_version', ''))} · {_e(report.get('schema', ''))} · "
         f"created {_e(report.get('created', ''))} · plan digest <code>{_e((plan or {}).get('digest', 'n/a'))}</code></footer>"

@@ -5,25 +5,45 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sharderd.report.measured import measurement, shares, status_label
 from sharderd.units import fmt_bytes, fmt_flops, fmt_seconds
 
-__all__ = ["render_markdown"]
+__all__ = ["TERMS_NOTE", "TIME_TERMS", "has_terms", "render_markdown"]
+
+
+TIME_TERMS = (("flops_s", "compute"), ("overhead_s", "per-node overhead"), ("host_s", "host I/O"),
+              ("comm_in_s", "comm in"), ("comm_out_s", "comm out"))
+"""The terms of a stage's predicted time (``StageCost``), in the order they sum to ``time_s``."""
+TERMS_NOTE = ("A stage's time is the sum of its terms: compute (FLOPs at the target's effective rate, or "
+              "measured node times with `cost_model = \"measured\"`, which include the per-node overhead), "
+              "`op_overhead_s` per node, graph inputs and outputs over the host link, and the tensors received "
+              "from and sent to the neighbouring stages.")
+
+
+def has_terms(stage: Mapping[str, Any]) -> bool:
+    """Reports older than the split of ``compute_s`` have only ``compute_s`` and ``comm_s``."""
+    return all(key in stage for key, _ in TIME_TERMS)
 
 
 def _stage_rows(plan: Mapping[str, Any]) -> list[str]:
+    terms = all(has_terms(s) for s in plan["stages"])
+    time_head = " | ".join(label for _, label in TIME_TERMS) if terms else "comm"
     rows = [
-        "| stage | nodes | first → last | FLOPs | weights | activations | code | memory / budget | time | comm |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| stage | nodes | first → last | FLOPs | weights | activations | code | memory / budget | time | {time_head} |",
+        "|---|---|---|---|---|---|---|---|---|" + "---|" * (len(TIME_TERMS) if terms else 1),
     ]
     for s in plan["stages"]:
         mark = " **(slowest)**" if s["index"] == plan["slowest_stage"] else ""
+        cells = " | ".join(fmt_seconds(s[key]) for key, _ in TIME_TERMS) if terms else fmt_seconds(s["comm_s"])
         rows.append(
             f"| {s['index']}{mark} | {s['num_nodes']} | `{s['first_node']}` → `{s['last_node']}` "
             f"| {fmt_flops(s['flops'])} | {fmt_bytes(s['weight_bytes'])} | {fmt_bytes(s['activation_bytes'])} "
             f"| {fmt_bytes(s['code_bytes'])} | {fmt_bytes(s['memory_bytes'])} / {fmt_bytes(s['budget_bytes'])} "
             f"({100 * s['memory_bytes'] / s['capacity_bytes']:.0f}% of device) "
-            f"| {fmt_seconds(s['time_s'])} | {fmt_seconds(s['comm_s'])} |"
+            f"| {fmt_seconds(s['time_s'])} | {cells} |"
         )
+    if terms:
+        rows += ["", TERMS_NOTE]
     return rows
 
 
@@ -31,12 +51,43 @@ def _balance(times: list[float]) -> str:
     return f"{max(times) / (sum(times) / len(times)):.2f}" if times and sum(times) > 0 else "-"
 
 
+def _timed_rows(report: Mapping[str, Any], a: Mapping[str, Any]) -> list[str]:
+    """One attempt's predicted and measured stage times: absolute on the same device, else shares."""
+    predicted = list(a.get("predicted_stage_times_s") or [])
+    measured = list(a["details"]["stage_times_s"])
+    bench = a.get("benchmark") or {}
+    where = measurement(report, a)
+    lines = [f"Attempt {a['index']} ({a.get('cost_model', 'analytic')} cost model): predicted for "
+             f"`{report['target']['name']}`, measured with {where.where}. Balance = slowest / mean stage: "
+             "1.00 is a perfect pipeline.", ""]
+    if where.same_device:
+        lines += [
+            "| | per stage | balance | throughput |", "|---|---|---|---|",
+            f"| predicted | {', '.join(fmt_seconds(x) for x in predicted)} | {_balance(predicted)} | |",
+            f"| measured | {', '.join(fmt_seconds(x) for x in measured)} | {_balance(measured)} "
+            f"| {bench.get('throughput_per_s', 0):.1f}/s |",
+        ]
+    else:
+        lines += [
+            "Different devices, so the absolute times do not compare; the shapes do: each stage's share "
+            "of its profile's total.", "",
+            "| | share per stage | balance | time per stage |", "|---|---|---|---|",
+            f"| predicted ({report['target']['name']}) | {', '.join(f'{x:.0%}' for x in shares(predicted))} "
+            f"| {_balance(predicted)} | {', '.join(fmt_seconds(x) for x in predicted)} |",
+            f"| measured ({where.where}) | {', '.join(f'{x:.0%}' for x in shares(measured))} "
+            f"| {_balance(measured)} | {', '.join(fmt_seconds(x) for x in measured)} |",
+        ]
+    return [*lines, ""]
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     model, target, plan = report["model"], report["target"], report["plan"]
     lines = [
         f"# sharderd report: {model['name']}",
         "",
-        f"- status: **{report['status']}** (backend `{report['backend']}`)",
+        f"- status: **{status_label(report)}** (backend `{report['backend']}`)"
+        + ("; onnxruntime built and ran the stage sessions and checked their outputs: nothing was compiled"
+           if status_label(report) != report["status"] else ""),
         f"- model: {model['nodes']} nodes, {fmt_flops(model['flops'])} per batch of {report['batch_size']}, "
         f"weights {fmt_bytes(model['weight_bytes'])}"
         + (f" ({fmt_bytes(model['external_bytes'])} external)" if model["external_bytes"] else "")
@@ -54,7 +105,10 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             "",
             f"- slowest stage: {plan['slowest_stage']}, {fmt_seconds(plan['bottleneck_s'])} per batch "
             f"(lower bound {fmt_seconds(plan['lower_bound_s'])}, ratio {plan['ratio_to_bound']:.3f})",
-            f"- predicted throughput: {plan['predicted_throughput_per_s']:.1f} samples/s"
+            f"- predicted throughput: {plan['predicted_throughput_per_s']:.1f} samples/s on `{target['name']}` (cost model)"
+            + (f"; measured {report['benchmark']['throughput_per_s']:.1f} samples/s with {measurement(report).where}"
+               + ("" if measurement(report).same_device else ", a different device: the two numbers do not compare")
+               if (report.get("benchmark") or {}).get("throughput_per_s") else "")
             if plan["predicted_throughput_per_s"]
             else "- predicted throughput: n/a",
             f"- order `{plan['order']}` (tried: "
@@ -84,25 +138,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             )
     timed = [a for a in report["attempts"] if (a.get("details") or {}).get("stage_times_s")]
     if timed:
-        lines += [
-            "",
-            "## Predicted vs measured stage times",
-            "",
-            "Balance = slowest / mean stage: 1.00 is a perfect pipeline. Predictions use the target's cost",
-            "model (or measured node times with `cost_model = \"measured\"`); measurements are the backend's.",
-            "",
-            "| attempt | cost model | predicted per stage | balance | measured per stage | balance | throughput |",
-            "|---|---|---|---|---|---|---|",
-        ]
+        lines += ["", "## Predicted vs measured stage times", ""]
         for a in timed:
-            predicted = a.get("predicted_stage_times_s") or []
-            measured = a["details"]["stage_times_s"]
-            bench = a.get("benchmark") or {}
-            lines.append(
-                f"| {a['index']} | {a.get('cost_model', 'analytic')} | {', '.join(fmt_seconds(x) for x in predicted)} "
-                f"| {_balance(predicted)} | {', '.join(fmt_seconds(x) for x in measured)} | {_balance(measured)} "
-                f"| {bench.get('throughput_per_s', 0):.1f}/s |"
-            )
+            lines += _timed_rows(report, a)
     if report.get("verification"):
         v = report["verification"]
         lines += ["", f"## Verification: {'passed' if v.get('passed') else 'FAILED'} (rtol {v.get('rtol')}, atol {v.get('atol')})", ""]

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from sharderd.report.measured import shares
 from sharderd.units import fmt_bytes, fmt_seconds
 
 __all__ = [
@@ -98,13 +99,16 @@ def memory_bar(stage: Mapping[str, Any], width: float = 1140) -> str:
     return _svg("memory-chart", width, top + bar_h + 22, f"Memory of device {stage['index']}", desc, body)
 
 
-def time_chart(predicted: Sequence[float], measured: Sequence[float], width: float | None = None) -> str:
+def time_chart(predicted: Sequence[float], measured: Sequence[float], width: float | None = None, *,
+               as_shares: bool = False) -> str:
     """Predicted and measured time side by side per stage: where the cost model was wrong shows as
-    uneven pairs."""
+    uneven pairs. ``as_shares``: bars are each stage's share of its own profile's total (the two were
+    timed on different devices, so only the shapes compare); bar titles still give the seconds."""
     n = max(len(predicted), len(measured), 1)
     width = width or max(300.0, min(1140.0, 16 + 150.0 * n))
     top, plot_h, bottom = 18, 150, 22
-    peak = max([*predicted, *measured, 1e-12])
+    scaled = [shares(predicted), shares(measured)] if as_shares else [list(predicted), list(measured)]
+    peak = max([*scaled[0], *scaled[1], 1e-12])
     group = (width - 16) / n
     bar_w = min(group * 0.4, 60)
     body = [f'<line x1="8" x2="{_n(width - 8)}" y1="{top + plot_h}" y2="{top + plot_h}" stroke="#888"/>']
@@ -113,17 +117,22 @@ def time_chart(predicted: Sequence[float], measured: Sequence[float], width: flo
         for k, (values, kind, colour) in enumerate(((predicted, "predicted", "#a0b4cc"), (measured, "measured", "#1f4e79"))):
             if s >= len(values):
                 continue
-            h = max(values[s] / peak * plot_h, _MIN_PX)
+            value = scaled[k][s]
+            h = max(value / peak * plot_h, _MIN_PX)
             x = cx - bar_w - 1 if k == 0 else cx + 1
-            body.append(_rect(x, top + plot_h - h, bar_w, h, colour, f"stage {s} {kind}: {fmt_seconds(values[s])}",
-                              f' class="bar-{kind}" data-seconds="{values[s]!r}"'))
+            label = f"{value:.0%} ({fmt_seconds(values[s])})" if as_shares else fmt_seconds(values[s])
+            share = f' data-share="{value!r}"' if as_shares else ""
+            body.append(_rect(x, top + plot_h - h, bar_w, h, colour, f"stage {s} {kind}: {label}",
+                              f' class="bar-{kind}" data-seconds="{values[s]!r}"{share}'))
             if bar_w >= 44:  # room for the number; the bar's title has it either way
-                body.append(_text(x + bar_w / 2, top + plot_h - h - 3, fmt_seconds(values[s]), "middle", "tiny"))
+                body.append(_text(x + bar_w / 2, top + plot_h - h - 3, f"{value:.0%}" if as_shares else label,
+                                  "middle", "tiny"))
         body.append(_text(cx, top + plot_h + 15, f"stage {s}", "middle", "small"))
     desc = "; ".join(
         f"stage {s}: predicted {fmt_seconds(predicted[s]) if s < len(predicted) else 'n/a'}, "
         f"measured {fmt_seconds(measured[s]) if s < len(measured) else 'n/a'}" for s in range(n))
-    return _svg("time-chart", width, top + plot_h + bottom, "Predicted vs measured time per stage", desc, body)
+    title = "Share of each stage in predicted vs measured time" if as_shares else "Predicted vs measured time per stage"
+    return _svg("time-chart", width, top + plot_h + bottom, title, desc, body)
 
 
 def model_strip(stages: Sequence[Mapping[str, Any]], cuts: Sequence[Mapping[str, Any]],
