@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 NOT_INSTALLED = (
-    "onnxruntime is not installed: pip install 'sharderd[onnxruntime]' (or onnxruntime-gpu)"
+    "onnxruntime is not installed: `python3 -m pip install onnxruntime` (or onnxruntime-gpu)"
 )
 
 

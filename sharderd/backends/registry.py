@@ -19,7 +19,7 @@ BACKENDS = ("poprt", "onnxruntime", "none")
 
 _INSTALL_HINT = {
     "poprt": "poprt is not installed: install the Poplar SDK or use --backend onnxruntime",
-    "onnxruntime": "onnxruntime is not installed: pip install 'sharderd[onnxruntime]' or use --backend none",
+    "onnxruntime": "onnxruntime is not installed: `python3 -m pip install onnxruntime`, or use --backend none",
 }
 
 
