@@ -235,3 +235,82 @@ def test_every_term_of_a_stage_time_is_reported_and_they_sum_to_it(small_transfo
     for label in ("compute", "per-node overhead", "host I/O", "comm in", "comm out"):
         assert f"| {label} |" in md or f" {label} |" in md
         assert f"<th>{label}</th>" in html
+
+
+# --- 9. the small ones ----------------------------------------------------------------------------------
+
+
+def test_an_option_plan_does_not_take_gets_plans_usage_not_the_roots(tmp_path: Path) -> None:
+    """``sharderd plan M --devices 2 --backend none``: plan's usage and plan's name in the error."""
+    done = sharderd("plan", tmp_path / "m.onnx", "--devices", "2", "--backend", "none")
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: sharderd plan ")
+    assert "sharderd plan: error: unrecognized arguments: --backend none" in done.stderr
+
+
+def test_top_level_help_is_for_users_not_the_modules_docstring() -> None:
+    done = sharderd("--help")
+    assert done.returncode == 0
+    assert "the command line. Thin" not in done.stdout and "``" not in done.stdout
+    assert "pipeline stages" in done.stdout and "Exit codes" in done.stdout
+
+
+@pytest.mark.skipif(Path("/etc/sharderd/sharderd.toml").exists(), reason="this host has the unit's config")
+def test_status_without_config_suggests_the_file_and_that_command_reads_it(tmp_path: Path) -> None:
+    """No --config, no /etc/sharderd/sharderd.toml: say so, and suggest the sharderd.toml of this folder;
+    the suggested command, run as written, reads that daemon's folders."""
+    config = write_config(tmp_path)
+    done = sharderd("status", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "No --config was given and /etc/sharderd/sharderd.toml does not exist" in done.stdout
+    [command] = hint_commands(done.stdout)
+    assert command == f"sharderd status --config {config.name}"
+    suggested = subprocess.run(command, shell=True, cwd=tmp_path, text=True, capture_output=True, check=False)
+    assert str(tmp_path / "run" / "status.json") in suggested.stdout
+    assert "from the journal" not in done.stdout  # no journal under the default folders: no counts claimed
+
+
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def _section(title: str) -> str:
+    start = README.index(title)
+    end = README.find("\n## ", start + len(title))
+    return README[start:end]
+
+
+def test_readme_daemon_section_says_it_refuses_root_and_how_to_allow_it() -> None:
+    daemon = _section("## The daemon and its inbox")
+    assert "refuses to run as root" in daemon and "allow_root = true" in daemon
+
+
+def test_readme_output_listings_hold_what_runs_write(small_transformer: Path, tmp_path: Path) -> None:
+    """The CLI listing names every file ``shard`` writes (report.html included); the daemon's names
+    ``.sharderd-job``, which every published outbox folder holds."""
+    listing = _section("## What a run gives you")
+    shard_report(small_transformer, tmp_path / "out")
+    for path in (tmp_path / "out").iterdir():
+        shown = f"example-transformer.{path.name[2:]}" if path.name.startswith("t.") else path.name
+        assert shown in listing, path.name
+    results = _section("## The daemon and its inbox")
+    assert ".sharderd-job" in results and "report.html" in results
+
+
+def test_readme_says_above_the_test_command_how_many_report_tests_skip_without_chromium() -> None:
+    """The one line above the test command: the number it gives is the report tests' number."""
+    block = README[README.index("```bash\n") : README.index("```", README.index("```bash\n") + 7)]
+    lines = block.splitlines()
+    test_command = lines.index("python3 -m pip install -e '.[test]' && python3 -m pytest")
+    note = lines[test_command - 1]
+    assert note.startswith("#") and "chromium" in note
+    count = int(re.search(r"skips the (\d+) report", note).group(1))  # type: ignore[union-attr]
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/test_report_html.py"],
+                               cwd=REPO, text=True, capture_output=True, check=False, timeout=120)
+    assert sum(1 for ln in collected.stdout.splitlines() if "::" in ln) == count
+
+
+def test_readme_says_what_a_failed_folder_holds() -> None:
+    """Not "report.html/json/md" for every failed job: only when the model loaded."""
+    daemon = _section("## The daemon and its inbox")
+    assert "when the model loaded" in daemon
+    assert "(and every daemon job in `done/` or `failed/`) holds `report.html`" not in README

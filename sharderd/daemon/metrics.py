@@ -223,7 +223,7 @@ class MetricsExporter:
         except ImportError:
             raise ConfigError(
                 f"metrics_port = {self.port} needs the prometheus-client package, which is not installed",
-                hint="pip install prometheus-client, or unset metrics_port and use metrics_textfile.") from None
+                hint="`python3 -m pip install prometheus-client`, or unset metrics_port and use metrics_textfile.") from None
         self._collector = _TextCollector()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self._collector)
