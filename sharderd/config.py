@@ -23,6 +23,7 @@ from sharderd.target import BUILTIN_TARGETS, Target
 T = TypeVar("T")
 
 __all__ = [
+    "ClusterConfig",
     "Config",
     "DaemonConfig",
     "OrtConfig",
@@ -212,6 +213,42 @@ class DaemonConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Where compile attempts run: on this host, or as Ray tasks on a cluster (``sharderd[ray]``)."""
+
+    engine: Literal["local", "ray"] = "local"
+    """``local``: attempts are subprocesses of the daemon; ``ray``: one Ray task per attempt."""
+    address: str = "auto"
+    """Ray cluster to join (``ray.init(address=...)``): ``auto`` (the node on this host) or ``HOST:PORT`` of the head."""
+    shared_dir: Path | None = None
+    """A folder every node sees at the same path (NFS): attempt folders and artifacts live there (required with ``ray``)."""
+    sweep_dir: Path = Path("/tmp/sharderd-attempts")
+    """Node-local folder where each node records its running attempts, so a sweeper kills what a crashed raylet leaves."""
+    num_cpus: float = 1.0
+    """Ray CPUs one attempt reserves (a Poplar compile is mostly single-threaded)."""
+    memory_bytes: int = 0
+    """Ray memory one attempt reserves (admission, not a limit); 0: no memory reservation."""
+    sdk_resource: str = ""
+    """Custom Ray resource that marks hosts with the Poplar SDK (``ray start --resources '{"poplar_sdk": 1}'``); empty: any node."""
+    ipu_resource: str = ""
+    """Custom Ray resource requested (1 per attempt) by benchmark runs only (``--optimal-perf``, onnxruntime timing); empty: none."""
+    schedule_timeout: float = 300.0
+    """Seconds an attempt may wait for a node that can hold it before its job fails naming the resource."""
+    cancel_margin: float = 5.0
+    """Seconds after ``kill_grace`` that a soft ``ray.cancel`` may take before the task is force-killed."""
+    env_passthrough: tuple[str, ...] = ()
+    """Daemon environment variables copied into each attempt on the node (e.g. ``POPLAR_ENGINE_OPTIONS``)."""
+
+    def __post_init__(self) -> None:
+        _check(self.engine != "ray" or self.shared_dir is not None, "cluster.shared_dir", "must be set when engine = \"ray\"")
+        _check(self.num_cpus >= 0, "cluster.num_cpus", "must be >= 0")
+        _check(self.memory_bytes >= 0, "cluster.memory_bytes", "must be >= 0")
+        _check(self.schedule_timeout > 0, "cluster.schedule_timeout", "must be > 0")
+        _check(self.cancel_margin >= 0, "cluster.cancel_margin", "must be >= 0")
+        _check(bool(self.address), "cluster.address", "must not be empty")
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """Everything sharderd reads from ``sharderd.toml``; defaults when there is no file."""
 
@@ -220,6 +257,7 @@ class Config:
     poprt: PoprtConfig = field(default_factory=PoprtConfig)
     onnxruntime: OrtConfig = field(default_factory=OrtConfig)
     daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     target_name: str = "ipu-mk2"
     custom_targets: Mapping[str, Target] = field(default_factory=dict)
     source: Path | None = None
@@ -241,6 +279,7 @@ _SECTIONS: dict[str, type] = {
     "poprt": PoprtConfig,
     "onnxruntime": OrtConfig,
     "daemon": DaemonConfig,
+    "cluster": ClusterConfig,
 }
 
 
