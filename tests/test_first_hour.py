@@ -189,19 +189,21 @@ def small_transformer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "t.onnx"
 
 
-def shard_report(model: Path, out: Path, *args: str) -> tuple[dict[str, Any], str, str]:
+def shard_report(model: Path, out: Path, *args: str) -> tuple[dict[str, Any], str, str, str]:
+    """``report.json``, ``.md``, ``.html`` and what the command printed (progress lines included)."""
     pytest.importorskip("onnxruntime")
-    done = sharderd("shard", model, "--devices", "2", "--backend", "onnxruntime", "--out", out, "-q", *args)
+    done = sharderd("shard", model, "--devices", "2", "--backend", "onnxruntime", "--out", out, *args)
     assert done.returncode == 0, done.stderr
     return (json.loads((out / "report.json").read_text()), (out / "report.md").read_text(),
-            (out / "report.html").read_text())
+            (out / "report.html").read_text(), done.stdout + done.stderr)
 
 
 def test_ipu_predictions_and_cpu_measurements_compare_as_shares_not_seconds(small_transformer: Path, tmp_path: Path) -> None:
     """Default target ipu-mk2, measured by onnxruntime on the CPU: the report says where each number
     comes from, compares per-stage shares (not µs against ms), and claims no compile and no amp."""
-    report, md, html = shard_report(small_transformer, tmp_path / "out")
+    report, md, html, printed = shard_report(small_transformer, tmp_path / "out")
     assert report["target"]["name"] == "ipu-mk2" and report["backend"] == "onnxruntime"
+    assert "[attempt.started]" in printed and "amp=" not in printed
     assert "share per stage" in md and "Different devices, so the absolute times do not compare" in md
     assert "measured with onnxruntime (CPUExecutionProvider) on the host that ran sharderd" in md
     assert "a different device: the two numbers do not compare" in md
@@ -218,7 +220,7 @@ def test_ipu_predictions_and_cpu_measurements_compare_as_shares_not_seconds(smal
 
 def test_a_cpu_target_measured_on_the_cpu_compares_absolute_times(small_transformer: Path, tmp_path: Path) -> None:
     """Same kind of device (target cpu, CPUExecutionProvider): seconds beside seconds."""
-    _, md, html = shard_report(small_transformer, tmp_path / "out", "--target", "cpu")
+    _, md, html, _ = shard_report(small_transformer, tmp_path / "out", "--target", "cpu")
     assert "| measured |" in md and "share per stage" not in md
     assert 'data-compare="absolute"' in html and "data-share=" not in html
 
@@ -226,7 +228,7 @@ def test_a_cpu_target_measured_on_the_cpu_compares_absolute_times(small_transfor
 def test_every_term_of_a_stage_time_is_reported_and_they_sum_to_it(small_transformer: Path, tmp_path: Path) -> None:
     """compute + per-node overhead + host I/O + comm in + comm out = the stage's time, in all three files;
     the last stage's logits going to the host show as host I/O (they were hidden in "time" before)."""
-    report, md, html = shard_report(small_transformer, tmp_path / "out")
+    report, md, html, _ = shard_report(small_transformer, tmp_path / "out")
     terms = ("flops_s", "overhead_s", "host_s", "comm_in_s", "comm_out_s")
     for stage in report["plan"]["stages"]:
         assert sum(stage[t] for t in terms) == pytest.approx(stage["time_s"], rel=1e-9, abs=1e-15)

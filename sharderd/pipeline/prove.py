@@ -460,7 +460,8 @@ class Prover:
         self.running[record.index] = record
         self.emit(
             "attempt.started",
-            {"attempt": record.index, "label": record.label, "digest": record.key.digest, "amp": record.key.amp},
+            {"attempt": record.index, "label": record.label, "digest": record.key.digest,
+             **({"amp": record.key.amp} if self.backend == "poprt" else {})},  # only PopRT has the option
         )
         tg.start_soon(self._run_one, record, send.clone())
 
