@@ -8,6 +8,7 @@ copy, an ``ai.onnx.ml`` model, and the README's own sentences.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -316,3 +317,40 @@ def test_readme_says_what_a_failed_folder_holds() -> None:
     daemon = _section("## The daemon and its inbox")
     assert "when the model loaded" in daemon
     assert "(and every daemon job in `done/` or `failed/`) holds `report.html`" not in README
+
+
+def test_every_broken_corpus_model_dropped_into_the_daemon_gets_an_error_md_whose_commands_work(tmp_path: Path) -> None:
+    """The whole corpus through one daemon (each case that fails with the default options and is a
+    file or folder a user could drop): every error.md names paths under ``failed/``, never
+    ``processing/``, and each command in it runs as written (diagnoses fail on the input)."""
+    dropped: dict[str, Path] = {}
+    for case, cli in MODEL_CASES.items():
+        if cli.bug is not None or cli.args != ("--devices", "2"):
+            continue
+        folder = tmp_path / "cases" / case
+        folder.mkdir(parents=True)
+        built = cli.build(folder)
+        entry = built.path if built.path.parent == folder else built.path.parent
+        if built.exit_code == 0 or not os.path.lexists(entry) or "\n" in entry.name:
+            continue
+        if entry.is_dir() and not entry.is_symlink() and not any(entry.glob("*.onnx")):
+            continue  # a folder named like a model, holding none: not a job, rightly left alone
+        dropped[case] = entry
+    inbox = tmp_path / "inbox"
+    with running(write_config(tmp_path, rescan_interval=30.0)) as daemon:
+        for entry in dropped.values():
+            entry.rename(inbox / entry.name)
+        daemon.wait_until(lambda: not any(inbox.iterdir()) and not any((tmp_path / "state" / "processing").iterdir()),
+                          120, "every dropped case to be filed")
+        failed_lines = daemon.events("job.failed")
+    assert sorted(line["name"] for line in failed_lines) == sorted(e.name.removesuffix(".onnx") for e in dropped.values())
+    assert len(failed_lines) >= 25
+    for line in failed_lines:
+        folder = Path(line["failed"])
+        md = (folder / "error.md").read_text()
+        assert "/processing/" not in md, md
+        commands = hint_commands(md)
+        assert any(c.startswith("sharderd retry ") for c in commands), md
+        for command in commands:
+            if not command.startswith("sharderd retry "):
+                check_diagnostic(command, tmp_path)
