@@ -166,7 +166,7 @@ def _strip(plan: Mapping[str, Any]) -> str:
     heads = [label for _, label in TIME_TERMS] if terms else ["of which comm"]
     table = _table(["stage", "nodes", "first node", "last node", "FLOPs", "time", *heads], rows, "stages")
     if terms:
-        table += f"<p>{_e(TERMS_NOTE)}</p>"
+        table += f"<p>{_e(TERMS_NOTE.replace('`', ''))}</p>"
     return (f'<section id="model"><h2>The model, split</h2>{model_strip(plan["stages"], plan["cuts"], plan["slowest_stage"])}'
             f"<p>Order <code>{_e(plan['order'])}</code>; the slowest stage is outlined. Cut labels are the bytes "
             f"sent between neighbouring stages per batch.</p>{table}"
