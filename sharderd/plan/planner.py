@@ -12,8 +12,10 @@ import numpy as np
 
 from sharderd.errors import ConfigError, PlanInfeasibleError
 from sharderd.graph.analyze import Analysis
+from sharderd.plan.bounds import lower_bound_all_splits, memory_floor
+from sharderd.plan.ideals import solve_ideals
 from sharderd.plan.order import candidate_orders
-from sharderd.plan.partition import Partition, memory_window, solve
+from sharderd.plan.partition import Partition, solve
 from sharderd.plan.profile import OrderedCosts, calibrated_compute_s, ordered_costs
 from sharderd.plan.types import CutTensor, Plan, StageCost
 from sharderd.target import Target
@@ -23,7 +25,11 @@ __all__ = ["lower_bound", "plan_stages"]
 
 
 def lower_bound(oc: OrderedCosts, devices: int) -> float:
-    """No split of any order beats this: perfect balance of node time, or the dearest node."""
+    """No split of this order beats this: perfect balance of node time, or the dearest node.
+
+    Host input is charged to the first reader in ``oc``'s order, so this holds for that order only;
+    ``bounds.lower_bound_all_splits`` is the bound over every valid split (the one plans report).
+    """
     return max(float(oc.prefix_time[-1]) / devices, float(oc.node_time.max()))
 
 
@@ -41,14 +47,18 @@ def plan_stages(
 
     Stage s must satisfy ``memory × safety_margin × memory_scale[s] <= target.memory_bytes``.
     ``measured_s[node]`` (seconds, NaN where unknown) replaces the FLOP model's compute time
-    (``cost_model = "measured"``). Raises ``PlanInfeasibleError`` (with the short device and the
-    devices needed) when no split of any candidate order fits.
+    (``cost_model = "measured"``). Small DAGs are solved exactly over every valid split (DP over
+    ideals); larger ones on each candidate order. Raises ``PlanInfeasibleError`` only with a proof
+    that no valid split fits; when the order search finds none but cannot prove it, the least
+    overfull split comes back (``method == "overfull"``) for a compile to decide.
     """
     n = analysis.flow.num_nodes
     if devices < 1:
         raise ConfigError(f"--devices must be >= 1, got {devices}")
     if devices > n:
-        raise ConfigError(f"--devices {devices} is more than the model's {n} node(s); every device needs work")
+        raise ConfigError(
+            f"--devices {devices} is more than the model's {n} node(s); every device needs work"
+        )
     scale = np.ones(devices) if memory_scale is None else np.asarray(memory_scale, dtype=np.float64)
     if len(scale) != devices or (scale <= 0).any():
         raise ValueError("memory_scale needs one positive factor per device")
@@ -56,9 +66,54 @@ def plan_stages(
     compute_s = calibrated_compute_s(analysis, target, measured_s)
     t0 = time.perf_counter()
     candidates = candidate_orders(analysis.flow)
+    reference = next(iter(candidates.values()))
     if orders is not None:
         candidates = {name: o for name, o in candidates.items() if name in orders} or candidates
     timings = {"orders": time.perf_counter() - t0}
+    bound = lower_bound_all_splits(analysis, target, compute_s, devices)
+    costed = (analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)
+    require_costed = int(costed.sum()) >= devices
+
+    overhead = target.op_overhead_s if measured_s is None else 0.0
+    t1 = time.perf_counter()
+    exact = solve_ideals(
+        analysis, target, compute_s, reference, caps, require_costed=require_costed
+    )
+    timings["solve.ideals"] = time.perf_counter() - t1
+    if exact is not None:
+        if exact.assignment is None:
+            raise _infeasible_exact(
+                analysis, target, compute_s, reference, devices, safety_margin, scale, exact.ideals
+            )
+        order = _canonical_order(exact.assignment, reference)
+        oc = ordered_costs(analysis, target, order, compute_s)
+        bounds = (0, *np.cumsum(np.bincount(exact.assignment, minlength=devices)).tolist())
+        partition = Partition(
+            bounds=tuple(int(b) for b in bounds),
+            bottleneck_s=max(oc.stage_time(a, b) for a, b in itertools.pairwise(bounds)),
+            probes=0,
+        )
+        plan = _build_plan(
+            analysis,
+            oc,
+            "ideals",
+            partition,
+            target,
+            caps,
+            safety_margin,
+            scale,
+            bound=bound,
+            overhead_per_node=overhead,
+        )
+        timings["total"] = time.perf_counter() - t0
+        return replace(
+            plan,
+            timings_s=timings,
+            method="ideals",
+            proven_optimal=True,
+            orders_tried={"ideals": partition.bottleneck_s},
+        )
+
     tried: dict[str, float | None] = {}
     best: tuple[Partition, OrderedCosts, str] | None = None
     first_oc: OrderedCosts | None = None
@@ -66,29 +121,83 @@ def plan_stages(
         t1 = time.perf_counter()
         oc = ordered_costs(analysis, target, order, compute_s)
         first_oc = first_oc or oc
-        require_costed = int(oc.costed.sum()) >= devices
         partition = solve(oc, caps, require_costed=require_costed)
         timings[f"solve.{name}"] = time.perf_counter() - t1
         tried[name] = None if partition is None else partition.bottleneck_s
-        if partition is not None and (best is None or partition.bottleneck_s < best[0].bottleneck_s * (1 - 1e-9)):
+        if partition is not None and (
+            best is None or partition.bottleneck_s < best[0].bottleneck_s * (1 - 1e-9)
+        ):
             best = (partition, oc, name)
     if best is None:
         assert first_oc is not None
-        error = _infeasible(analysis, first_oc, target, devices, safety_margin, scale)
-        if safety_margin > 1.0 and error.min_devices is not None:
-            require_costed = int(first_oc.costed.sum()) >= devices
-            if solve(first_oc, target.memory_bytes / scale, require_costed=require_costed) is not None:
-                error.fits_without_margin = True
-                error.message += (
-                    f" Without the safety margin ({safety_margin:g}) a split does fit the estimate: "
-                    "`sharderd shard` with a compile backend tries it once."
-                )
-        raise error
+        proof = _infeasible_proof(analysis, target, devices, safety_margin, scale)
+        if proof is not None:
+            raise proof
+        partition, oc = _least_overfull(first_oc, caps, require_costed)
+        plan = _build_plan(
+            analysis,
+            oc,
+            next(iter(candidates)),
+            partition,
+            target,
+            caps,
+            safety_margin,
+            scale,
+            bound=bound,
+            overhead_per_node=overhead,
+        )
+        timings["total"] = time.perf_counter() - t0
+        return replace(
+            plan, orders_tried=tried, timings_s=timings, probes=partition.probes, method="overfull"
+        )
     partition, oc, name = best
-    overhead = target.op_overhead_s if measured_s is None else 0.0
-    plan = _build_plan(analysis, oc, name, partition, target, caps, safety_margin, scale, overhead)
+    plan = _build_plan(
+        analysis,
+        oc,
+        name,
+        partition,
+        target,
+        caps,
+        safety_margin,
+        scale,
+        bound=bound,
+        overhead_per_node=overhead,
+    )
     timings["total"] = time.perf_counter() - t0
-    return replace(plan, orders_tried=tried, timings_s=timings, probes=partition.probes)
+    proven = partition.bottleneck_s <= bound * (1 + 1e-9)
+    return replace(
+        plan,
+        orders_tried=tried,
+        timings_s=timings,
+        probes=partition.probes,
+        method="orders",
+        proven_optimal=proven,
+    )
+
+
+def _canonical_order(assignment: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Stages one after the other, each in the reference order: how the memory model reads a split."""
+    rank = np.empty(len(reference), dtype=np.int64)
+    rank[reference] = np.arange(len(reference))
+    return np.lexsort((rank, assignment)).astype(np.int64)
+
+
+def _least_overfull(
+    oc: OrderedCosts, caps: np.ndarray, require_costed: bool
+) -> tuple[Partition, OrderedCosts]:
+    """The split of ``oc``'s order that fits the smallest uniform growth of every cap."""
+    lo, hi = 1.0, 2.0
+    while solve(oc, caps * hi, require_costed=require_costed) is None:
+        lo, hi = hi, hi * 2
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if solve(oc, caps * mid, require_costed=require_costed) is None:
+            lo = mid
+        else:
+            hi = mid
+    found = solve(oc, caps * hi, require_costed=require_costed)
+    assert found is not None
+    return found, oc
 
 
 def _build_plan(
@@ -100,6 +209,8 @@ def _build_plan(
     caps: np.ndarray,
     margin: float,
     scale: np.ndarray,
+    *,
+    bound: float,
     overhead_per_node: float = 0.0,
 ) -> Plan:
     flow = analysis.flow
@@ -144,9 +255,13 @@ def _build_plan(
         )
     cut_tensors = []
     for c, position in enumerate(bounds[1:-1], start=1):
-        crossing = np.flatnonzero((oc.producer_pos >= 0) & (oc.producer_pos < position) & (oc.last_pos >= position))
+        crossing = np.flatnonzero(
+            (oc.producer_pos >= 0) & (oc.producer_pos < position) & (oc.last_pos >= position)
+        )
         for t in crossing.tolist():
-            cut_tensors.append(CutTensor(c, flow.tensor_names[t], int(analysis.costs.tensor_bytes[t])))
+            cut_tensors.append(
+                CutTensor(c, flow.tensor_names[t], int(analysis.costs.tensor_bytes[t]))
+            )
     return Plan(
         devices=len(stages),
         order_name=order_name,
@@ -156,95 +271,116 @@ def _build_plan(
         stages=tuple(stages),
         cut_tensors=tuple(cut_tensors),
         bottleneck_s=partition.bottleneck_s,
-        lower_bound_s=lower_bound(oc, len(stages)),
+        lower_bound_s=bound,
         safety_margin=margin,
         memory_scale=tuple(float(x) for x in scale),
     )
 
 
-def _infeasible(
-    analysis: Analysis,
-    oc: OrderedCosts,
-    target: Target,
-    devices: int,
-    margin: float,
-    scale: np.ndarray,
-) -> PlanInfeasibleError:
-    """Say which device is short, by how much, and how many devices would do."""
+def _node_too_large(
+    analysis: Analysis, target: Target, margin: float, typical: float
+) -> PlanInfeasibleError | None:
+    """A node that cannot fit even alone (its weights, inputs, outputs and code) rules out every split."""
+    floor = memory_floor(analysis, target)
     capacity = target.memory_bytes
-    factor = margin * scale
-    # A node that cannot fit even alone rules out every split.
-    per_ref = oc.weight_bytes[oc.w_idx].astype(np.float64)
-    node_weights = np.zeros(oc.n)
-    has = np.diff(oc.w_ptr) > 0
-    if has.any():
-        node_weights[has] = np.add.reduceat(per_ref, oc.w_ptr[:-1][has])
-    single = node_weights + oc.live_bytes + oc.code_bytes_per_node
-    # "How many devices would do" under what was learned: the typical (median) correction.
-    typical = float(np.median(scale))
-    worst = int(np.argmax(single))
-    if single[worst] * margin * typical > capacity:
-        w, live, code = oc.stage_memory(worst, worst + 1)
-        node = analysis.flow.node_names[oc.order[worst]]
-        learned = f" × correction {typical:.3g}" if typical != 1.0 else ""
-        return PlanInfeasibleError(
-            f"node {node!r} alone needs {fmt_bytes(single[worst] * margin * typical)} "
-            f"(weights {fmt_bytes(w)}, activations {fmt_bytes(live)}, code {fmt_bytes(code)}, "
-            f"× margin {margin:g}{learned}) but one {target.name} device holds {fmt_bytes(capacity)}: "
-            "no number of pipeline stages can fit it",
-            hint="reduce batch_size or the op's size, or use a target with more memory",
-            device=None,
-            short_bytes=int(single[worst] * margin * typical - capacity),
-            min_devices=None,
-        )
-    base_lo = memory_window(oc, capacity / (margin * typical))
-    needed = _greedy_stage_count(base_lo)
-    windows: dict[float, np.ndarray] = {typical: base_lo}
-    start = 0
-    for s in range(devices):
-        if float(scale[s]) not in windows:
-            windows[float(scale[s])] = memory_window(oc, capacity / factor[s])
-        end = int(np.searchsorted(windows[float(scale[s])], start, side="right") - 1)
-        if end <= start:  # this device cannot hold even the next node: its correction forbids it
-            node = analysis.flow.node_names[oc.order[start]]
-            need = single[start] * factor[s]
-            return PlanInfeasibleError(
-                f"the model does not fit on {devices} × {target.name}: device {s} cannot hold node {node!r}, "
-                f"which needs {fmt_bytes(need)} there (× margin {margin:g} × correction {scale[s]:.3g} "
-                f"learned from the compiler) but the device holds {fmt_bytes(capacity)}",
-                hint="the compiler's measurements say this part of the model needs a device to itself or more memory",
-                device=s,
-                short_bytes=int(need - capacity),
-                min_devices=None,
-            )
-        if s < devices - 1:
-            start = end
-    last = devices - 1
-    w, live, code = oc.stage_memory(start, oc.n)
-    need = (w + live + code) * factor[last]
-    short = int(need - capacity)
+    worst = int(np.argmax(floor.node_bytes))
+    need = float(floor.node_bytes[worst]) * margin * typical
+    if need <= capacity:
+        return None
+    node = analysis.flow.node_names[worst]
+    learned = f" × correction {typical:.3g}" if typical != 1.0 else ""
     return PlanInfeasibleError(
-        f"the model does not fit on {devices} × {target.name}: even packed as tightly as possible, "
-        f"device {last} would need {fmt_bytes(need)} (weights {fmt_bytes(w)}, activations "
-        f"{fmt_bytes(live)}, code {fmt_bytes(code)}, × margin {margin:g}"
-        + (f" × correction {scale[last]:.3g}" if scale[last] != 1.0 else "")
-        + f") but holds {fmt_bytes(capacity)}: short by {fmt_bytes(max(short, 0))}. "
+        f"node {node!r} alone needs {fmt_bytes(need)} (its weights, inputs, outputs and code, "
+        f"× margin {margin:g}{learned}) but one {target.name} device holds {fmt_bytes(capacity)}: "
+        "no number of pipeline stages can fit it",
+        hint="reduce batch_size or the op's size, or use a target with more memory",
+        device=None,
+        short_bytes=int(need - capacity),
+        min_devices=None,
+    )
+
+
+def _infeasible_proof(
+    analysis: Analysis, target: Target, devices: int, margin: float, scale: np.ndarray
+) -> PlanInfeasibleError | None:
+    """Facts that rule out every split without searching them, or None (the search was not a proof)."""
+    typical = float(np.median(scale))
+    too_large = _node_too_large(analysis, target, margin, typical)
+    if too_large is not None:
+        return too_large
+    floor = memory_floor(analysis, target)
+    caps = target.memory_bytes / (margin * scale)
+    if floor.total_bytes <= caps.sum():
+        return None
+    needed = floor.min_devices(target.memory_bytes / (margin * typical))
+    short = int((floor.total_bytes - caps.sum()) * margin * typical)
+    return PlanInfeasibleError(
+        f"the model does not fit on {devices} × {target.name}: its distinct weights and per-node code "
+        f"alone need {fmt_bytes(floor.total_bytes * margin)} (× margin {margin:g}), more than the "
+        f"{devices} devices' {fmt_bytes(caps.sum() * margin)} together: short by {fmt_bytes(max(short, 0))}. "
         f"At least {needed} devices are needed.",
-        hint=f"rerun with --devices {needed} (or lower plan.safety_margin if you trust the estimate)",
-        device=last,
+        hint=f"rerun with --devices {max(needed, devices + 1)} (or lower plan.safety_margin if you trust the estimate)",
+        device=None,
         short_bytes=short,
         min_devices=needed,
     )
 
 
-def _greedy_stage_count(lo: np.ndarray) -> int:
-    """Fewest stages covering the order when memory is the only limit (greedy is exact: monotone)."""
-    n = len(lo) - 1
-    count, start = 0, 0
-    while start < n:
-        end = int(np.searchsorted(lo, start, side="right") - 1)
-        if end <= start:
-            return n + 1
-        start = end
-        count += 1
-    return count
+def _infeasible_exact(
+    analysis: Analysis,
+    target: Target,
+    compute_s: np.ndarray,
+    reference: np.ndarray,
+    devices: int,
+    margin: float,
+    scale: np.ndarray,
+    ideals: int,
+) -> PlanInfeasibleError:
+    """Every valid split was checked and none fits: say so, and how many devices do fit."""
+    typical = float(np.median(scale))
+    too_large = _node_too_large(analysis, target, margin, typical)
+    if too_large is not None:
+        return too_large
+    n = analysis.flow.num_nodes
+    costed = (analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)
+    needed = None
+    for more in range(devices + 1, n + 1):
+        caps = np.full(more, target.memory_bytes / (margin * typical))
+        found = solve_ideals(
+            analysis, target, compute_s, reference, caps, require_costed=int(costed.sum()) >= more
+        )
+        if found is not None and found.assignment is not None:
+            needed = more
+            break
+    error = PlanInfeasibleError(
+        f"the model does not fit on {devices} × {target.name}: none of its valid splits (every split "
+        f"over its {ideals} ideals was checked) fits the devices' memory at margin {margin:g}"
+        + (
+            f" with the learned corrections {', '.join(f'{x:.3g}' for x in scale)}"
+            if (scale != 1.0).any()
+            else ""
+        )
+        + (f". At least {needed} devices are needed." if needed is not None else "."),
+        hint=f"rerun with --devices {needed}"
+        if needed is not None
+        else "use a target with more memory",
+        device=None,
+        min_devices=needed,
+    )
+    if margin > 1.0:
+        caps = target.memory_bytes / scale
+        found = solve_ideals(
+            analysis,
+            target,
+            compute_s,
+            reference,
+            caps,
+            require_costed=int(costed.sum()) >= devices,
+        )
+        if found is not None and found.assignment is not None:
+            error.fits_without_margin = True
+            error.message += (
+                f" Without the safety margin ({margin:g}) a split does fit the estimate: "
+                "`sharderd shard` with a compile backend tries it once."
+            )
+    return error

@@ -82,6 +82,12 @@ class Plan:
     """Bottleneck per candidate order (None: did not fit)."""
     timings_s: Mapping[str, float] = field(default_factory=dict)
     probes: int = 0
+    method: str = "orders"
+    """What produced the split: ``ideals`` (DP over every valid split), ``orders`` (exact on each
+    candidate order only) or ``overfull`` (no split found within the estimate, none proven
+    impossible: the least overfull split, for a compile to decide)."""
+    proven_optimal: bool = False
+    """True when no valid split has a smaller bottleneck (exhaustive DP, or the plan meets the bound)."""
 
     @property
     def ratio_to_bound(self) -> float:
