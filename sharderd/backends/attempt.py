@@ -11,13 +11,14 @@ import dataclasses
 import json
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from sharderd.backends.pool import AttemptPool, ProcessResult, run_process
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
 
-__all__ = ["REQUEST_NAME", "RESULT_NAME", "WORKER_ARGV", "run_attempt"]
+__all__ = ["REQUEST_NAME", "RESULT_NAME", "WORKER_ARGV", "AttemptRunner", "run_attempt"]
 
 REQUEST_NAME = "request.json"
 RESULT_NAME = "result.json"
@@ -26,6 +27,21 @@ WORKER_ARGV: tuple[str, ...] = (sys.executable, "-m", "sharderd.backends.worker"
 
 _WORKER_OUTCOMES = frozenset({"ok", "oom", "invalid"})
 """What a worker may claim; ``crashed``, ``timeout`` and ``cancelled`` are the parent's to say."""
+
+
+class AttemptRunner(Protocol):
+    """Runs one granted attempt somewhere else (``sharderd.cluster``: a Ray task on another node)."""
+
+    async def __call__(
+        self,
+        request: AttemptRequest,
+        workdir: Path,
+        *,
+        job_id: str,
+        timeout: float,
+        kill_grace: float,
+        argv_prefix: Sequence[str] | None,
+    ) -> AttemptOutcome: ...
 
 
 async def run_attempt(
@@ -39,6 +55,7 @@ async def run_attempt(
     kill_grace: float,
     env: Mapping[str, str] | None = None,
     argv_prefix: Sequence[str] | None = None,
+    on_started: Callable[[int], None] | None = None,
 ) -> AttemptOutcome:
     """Run one worker for ``request`` in ``workdir`` once ``pool`` grants a slot.
 
@@ -52,6 +69,7 @@ async def run_attempt(
         kill_grace: Seconds between SIGTERM and SIGKILL.
         env: Worker environment (default: ours); systemd variables are always removed.
         argv_prefix: Replaces :data:`WORKER_ARGV` (tests use a scripted fake worker).
+        on_started: Called with the worker's pid (= its process group) once it is spawned.
 
     Returns:
         The worker's outcome, or ``timeout``/``crashed`` with a reason, with ``duration_s``,
@@ -63,6 +81,11 @@ async def run_attempt(
     Cancellation of the caller kills the worker's group and is re-raised; the caller records
     why it cancelled.
     """
+    runner: AttemptRunner | None = pool.runner  # type: ignore[assignment]
+    if runner is not None:
+        async with pool.slot(job_id=job_id, priority=priority):
+            return await runner(request, workdir, job_id=job_id, timeout=timeout, kill_grace=kill_grace,
+                                argv_prefix=argv_prefix)
     request_path = workdir / REQUEST_NAME
     result_path = workdir / RESULT_NAME
     result_path.unlink(missing_ok=True)  # a stale result must never pass for this attempt's
@@ -73,7 +96,8 @@ async def run_attempt(
         str(result_path),
     ]
     async with pool.slot(job_id=job_id, priority=priority):
-        proc = await run_process(argv, cwd=workdir, env=env, timeout=timeout, kill_grace=kill_grace)
+        proc = await run_process(argv, cwd=workdir, env=env, timeout=timeout, kill_grace=kill_grace,
+                                 on_started=on_started)
     return outcome_of(proc, result_path, timeout=timeout)
 
 

@@ -245,9 +245,11 @@ class AttemptPool:
     cancelled while waiting leaves the queue; leaving the ``slot`` block, however, frees it.
     """
 
-    def __init__(self, max_parallel: int) -> None:
+    def __init__(self, max_parallel: int, *, runner: object | None = None) -> None:
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
+        self.runner = runner
+        """Where a granted attempt runs (``attempt.AttemptRunner``); None: a local subprocess."""
         self._max = max_parallel
         self._busy = 0
         self._waiters: list[_Waiter] = []

@@ -35,6 +35,7 @@ import anyio.lowlevel
 import structlog
 
 from sharderd.backends.pool import AttemptPool
+from sharderd.cluster.errors import AttemptLostError
 from sharderd.config import Config
 from sharderd.daemon.intake import ClaimedJob, inspect_entry, is_staging_name
 from sharderd.daemon.journal import IndexEntry, JobRecord, JobState, Journal, RecoveredJob
@@ -394,11 +395,13 @@ class _JobRun:
                 leaf = _leaf(exc)
                 error = leaf.error if isinstance(leaf, JobFailed) else leaf
                 signum = _death_signal(error) if isinstance(error, SharderdError) else None
-                if signum is None:
+                lost = isinstance(error, AttemptLostError)  # a cluster node died: a new try, like a signal
+                if signum is None and not lost:
                     raise
                 if self.record.attempts >= options.max_attempts:
                     continue  # the check above ends the job
-                _log.warning("job.retried", reason="worker_crashed", signal=signum, message=error.message,
+                _log.warning("job.retried", reason="attempt_lost" if lost else "worker_crashed", signal=signum,
+                             message=error.message,
                              attempts=self.record.attempts, max_attempts=options.max_attempts)
                 continue
             self.bumped = False

@@ -71,6 +71,7 @@ from sharderd.daemon.jobs import (
     run_job,
 )
 from sharderd.daemon.journal import JobRecord, Journal, RecoveredJob, recover
+from sharderd.daemon.lock import StateLock
 from sharderd.daemon.metrics import MetricsExporter
 from sharderd.daemon.notify import Notifier, child_env, watchdog_interval
 from sharderd.daemon.outbox import DaemonDirs, find_published, prepare_dirs
@@ -258,8 +259,10 @@ class _Daemon:
         self.config = replace(config, daemon=daemon)
         self.daemon = daemon
         self.dirs: DaemonDirs = prepare_dirs(daemon)
+        self.lock = StateLock(self.dirs.state_dir)  # before anything reads or writes the journal
         self.journal = Journal(self.dirs.state_dir)
-        self.pool = AttemptPool(daemon.max_parallel_compiles)
+        self.runner = _cluster_runner(config)
+        self.pool = AttemptPool(daemon.max_parallel_compiles, runner=self.runner)
         self.board = StatusBoard(self.dirs.runtime, pool=self.pool, version=__version__, heartbeat_interval_s=_HEARTBEAT_S)
         self.notifier = Notifier()
         self.ctx = JobContext(self.config, self.dirs, self.journal, self.pool, self.board, child_env())
@@ -702,6 +705,17 @@ class _Daemon:
             self.stuck.append((job, priority))
             _log.exception("daemon.error", job_id=job.job_id, name=job.name,
                            message="could not file the cancelled job; it stays in processing/ and is tried again at the next rescan")
+
+
+def _cluster_runner(config: Config) -> object | None:
+    """The Ray runner for ``[cluster] engine = "ray"`` (joined now, before ready), else None."""
+    if config.cluster.engine != "ray":
+        return None
+    from sharderd.cluster.executor import RayRunner
+
+    runner = RayRunner(config.cluster)
+    runner.connect()
+    return runner
 
 
 def _absolute(daemon: DaemonConfig) -> DaemonConfig:
