@@ -48,9 +48,11 @@ def plan_stages(
     Stage s must satisfy ``memory × safety_margin × memory_scale[s] <= target.memory_bytes``.
     ``measured_s[node]`` (seconds, NaN where unknown) replaces the FLOP model's compute time
     (``cost_model = "measured"``). Small DAGs are solved exactly over every valid split (DP over
-    ideals); larger ones on each candidate order. Raises ``PlanInfeasibleError`` only with a proof
-    that no valid split fits; when the order search finds none but cannot prove it, the least
-    overfull split comes back (``method == "overfull"``) for a compile to decide.
+    ideals); larger ones on each candidate order. Without ``memory_scale`` it raises
+    ``PlanInfeasibleError`` only with a proof that no valid split fits; when the order search finds
+    none but cannot prove it, the least overfull split comes back (``method == "overfull"``) for a
+    compile to decide. With learned corrections it raises (saying the search was not exhaustive),
+    so the compile search's own least-overfull retry decides.
     """
     n = analysis.flow.num_nodes
     if devices < 1:
@@ -133,6 +135,16 @@ def plan_stages(
         proof = _infeasible_proof(analysis, target, devices, safety_margin, scale)
         if proof is not None:
             raise proof
+        if memory_scale is not None:
+            # Corrections learned from compiles rule these orders out; the compile search owns
+            # what to try next (its least overfull retry), so say what was and was not searched.
+            raise PlanInfeasibleError(
+                f"no split along the {', '.join(candidates)} order(s) fits {devices} × {target.name} under the "
+                f"learned corrections {', '.join(f'{x:.3g}' for x in scale)} at margin {safety_margin:g} "
+                "(the order search is not exhaustive over DAG splits, so this is no proof for the model alone)",
+                hint="the compile search retries its least overfull split; more devices leave room",
+                device=int(np.argmax(scale)),
+            )
         partition, oc = _least_overfull(first_oc, caps, require_costed)
         plan = _build_plan(
             analysis,

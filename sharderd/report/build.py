@@ -74,6 +74,8 @@ def plan_section(plan: Plan, batch_size: int, routed: Sequence[RoutedInput] = ()
         "digest": plan.digest,
         "order": plan.order_name,
         "orders_tried": dict(plan.orders_tried),
+        "method": plan.method,
+        "proven_optimal": plan.proven_optimal,
         "bottleneck_s": plan.bottleneck_s,
         "lower_bound_s": plan.lower_bound_s,
         "ratio_to_bound": plan.ratio_to_bound,
