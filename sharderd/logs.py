@@ -41,7 +41,7 @@ EVENTS: Final[frozenset[str]] = frozenset({
     "plan.started", "plan.finished",
     "attempt.started", "attempt.finished", "attempt.timeout",
     "attempt.submitted", "attempt.ran", "attempt.stderr", "attempt.artifact_mismatch", "attempt.force_cancelled",
-    "cluster.connected",
+    "cluster.connected", "cluster.message",
     "job.succeeded", "job.failed", "job.duplicate", "job.cancelled", "job.retried",
     "outbox.written", "journal.recovered", "status.written", "metrics.written", "metrics.served",
     "cancel.requested", "cancel.ignored",

@@ -103,6 +103,7 @@ class RayRunner:
             self.shared_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ClusterUnavailableError(f"[cluster] shared_dir {self.shared_dir}: {exc.strerror}") from None
+        _route_ray_messages()
         try:
             ray.init(address=self.cluster.address, namespace="sharderd", log_to_driver=False,
                      configure_logging=False, include_dashboard=False)
@@ -270,3 +271,15 @@ class RayRunner:
             shutil.rmtree(local) if local.is_dir() else local.unlink()
         shutil.move(str(shared), local)
         return dataclasses.replace(outcome, artifact=str(local))
+
+
+def _route_ray_messages() -> None:
+    """Ray prints cluster messages ("node ... marked dead") to the driver's stdout, which is the
+    daemon's JSON log: send them through the log as ``cluster.message`` lines instead."""
+    import ray._private.worker as ray_worker
+
+    def log_lines(data: Mapping[str, Any], ignore_prefix: bool = False) -> None:
+        for line in data.get("lines", ()):
+            _log.warning("cluster.message", source=str(data.get("pid", "")), message=str(line)[:2000])
+
+    ray_worker.print_to_stdstream = log_lines
