@@ -38,7 +38,7 @@ def lower_bound_all_splits(
     for t in streamed.tolist():
         readers = flow.consumers(t)
         worst = max(worst, tb[t] / hbw + float(node[readers].min()))
-    return max(total / devices, worst)
+    return float(max(total / devices, worst))
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,9 @@ cheap the cuts can be, so a few orders are tried and the best plan wins.
 - ``file``: the model's own order (exporters emit layers in sequence; usually good).
 - ``depth_first``: finish a branch before starting the next, so fewer tensors stay live
   across a cut (skip connections, parallel attention heads, Inception-style branches).
+- ``level``: by depth (longest path from an input), so parallel branches advance together and a
+  cut can take the first half of every branch (``{a1, b1} | {a2, b2}``), which neither order
+  above offers.
 
 Both keep constant-only work (``Constant``, shape arithmetic on initializers) next to its first
 consumer, so a model whose constants sit at the top does not drag them across every cut.
@@ -15,9 +18,15 @@ import numpy as np
 
 from sharderd.graph.dataflow import Dataflow
 
-__all__ = ["ORDER_NAMES", "candidate_orders", "constant_only_nodes", "depth_first_order"]
+__all__ = [
+    "ORDER_NAMES",
+    "candidate_orders",
+    "constant_only_nodes",
+    "depth_first_order",
+    "level_order",
+]
 
-ORDER_NAMES = ("file", "depth_first")
+ORDER_NAMES = ("file", "depth_first", "level")
 
 
 def constant_only_nodes(flow: Dataflow, base: np.ndarray) -> np.ndarray:
@@ -90,10 +99,34 @@ def depth_first_order(flow: Dataflow) -> np.ndarray:
     return np.asarray(order, dtype=np.int64)
 
 
+def level_order(flow: Dataflow) -> np.ndarray:
+    """Nodes sorted by depth (longest path from a graph input), file order within a depth."""
+    topo = flow.topo_order
+    depth = np.zeros(flow.num_nodes, dtype=np.int64)
+    producer = flow.producer
+    in_ptr, in_idx = flow.in_ptr, flow.in_idx
+    depth_list = depth.tolist()
+    for node in topo.tolist():
+        best = 0
+        for t in in_idx[in_ptr[node] : in_ptr[node + 1]].tolist():
+            p = int(producer[t])
+            if p >= 0 and depth_list[p] + 1 > best:
+                best = depth_list[p] + 1
+        depth_list[node] = best
+    depth = np.asarray(depth_list, dtype=np.int64)
+    rank = np.empty(flow.num_nodes, dtype=np.int64)
+    rank[topo] = np.arange(flow.num_nodes)
+    return np.lexsort((rank, depth)).astype(np.int64)
+
+
 def candidate_orders(flow: Dataflow) -> dict[str, np.ndarray]:
     """The orders to plan on, deduplicated (a chain has only one)."""
     orders: dict[str, np.ndarray] = {}
-    for name, base in (("file", flow.topo_order), ("depth_first", depth_first_order(flow))):
+    for name, base in (
+        ("file", flow.topo_order),
+        ("depth_first", depth_first_order(flow)),
+        ("level", level_order(flow)),
+    ):
         order = _sink_constants(flow, base)
         if not any(np.array_equal(order, seen) for seen in orders.values()):
             orders[name] = order

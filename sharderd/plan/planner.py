@@ -176,7 +176,7 @@ def plan_stages(
         overhead_per_node=overhead,
     )
     timings["total"] = time.perf_counter() - t0
-    proven = partition.bottleneck_s <= bound * (1 + 1e-9)
+    proven = bool(partition.bottleneck_s <= bound * (1 + 1e-9))
     return replace(
         plan,
         orders_tried=tried,
