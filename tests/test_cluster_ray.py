@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
+import structlog.testing
 
 ray = pytest.importorskip("ray")
 
@@ -176,10 +177,15 @@ def test_soft_cancel_kills_children_that_ignore_sigterm_within_the_grace(
             tg.start_soon(_run, runner, request, workdir)
             found.extend(await _pids_of_attempt(tmp_path / "shared"))
             assert all(_alive(p) for p in found)
+            with anyio.fail_after(10):  # its stderr reaches our log while it still runs
+                while not any("forked 5 children" in str(e.get("line")) for e in logs):
+                    await anyio.sleep(0.05)
             cancelled_at.append(time.monotonic())
             tg.cancel_scope.cancel()
 
-    anyio.run(main)
+    with structlog.testing.capture_logs() as logs:
+        anyio.run(main)
+    assert all(e["attempt"] == "attempt-0" for e in logs if e["event"] == "attempt.stderr")
     assert len(found) == 6
     _seconds_until_dead(found, limit=KILL_GRACE + 1.0 - (time.monotonic() - cancelled_at[0]))
     assert time.monotonic() - cancelled_at[0] <= KILL_GRACE + 1.0

@@ -56,6 +56,7 @@ async def run_attempt(
     env: Mapping[str, str] | None = None,
     argv_prefix: Sequence[str] | None = None,
     on_started: Callable[[int], None] | None = None,
+    on_stderr: Callable[[bytes], None] | None = None,
 ) -> AttemptOutcome:
     """Run one worker for ``request`` in ``workdir`` once ``pool`` grants a slot.
 
@@ -70,6 +71,7 @@ async def run_attempt(
         env: Worker environment (default: ours); systemd variables are always removed.
         argv_prefix: Replaces :data:`WORKER_ARGV` (tests use a scripted fake worker).
         on_started: Called with the worker's pid (= its process group) once it is spawned.
+        on_stderr: Called with each chunk of the worker's stderr as it arrives.
 
     Returns:
         The worker's outcome, or ``timeout``/``crashed`` with a reason, with ``duration_s``,
@@ -97,7 +99,7 @@ async def run_attempt(
     ]
     async with pool.slot(job_id=job_id, priority=priority):
         proc = await run_process(argv, cwd=workdir, env=env, timeout=timeout, kill_grace=kill_grace,
-                                 on_started=on_started)
+                                 on_started=on_started, on_stderr=on_stderr)
     return outcome_of(proc, result_path, timeout=timeout)
 
 

@@ -81,6 +81,7 @@ async def run_process(
     kill_grace: float,
     tail_bytes: int = 64 * 1024,
     on_started: Callable[[int], None] | None = None,
+    on_stderr: Callable[[bytes], None] | None = None,
 ) -> ProcessResult:
     """Run ``argv`` in a new session until it exits, ``timeout`` passes or we are cancelled.
 
@@ -92,6 +93,7 @@ async def run_process(
         kill_grace: Seconds between SIGTERM and SIGKILL of the group.
         tail_bytes: How much of the end of stdout and of stderr to keep.
         on_started: Called with the pid (which is also the process group id) once spawned.
+        on_stderr: Called with each chunk of stderr as it arrives (a cluster task streams it).
 
     Returns:
         How the leader ended. On return no live member of its process group remains.
@@ -119,7 +121,7 @@ async def run_process(
         async with anyio.create_task_group() as tg:
             assert proc.stdout is not None and proc.stderr is not None
             tg.start_soon(_drain, proc.stdout, out_tail)
-            tg.start_soon(_drain, proc.stderr, err_tail)
+            tg.start_soon(_drain, proc.stderr, err_tail, on_stderr)
             try:
                 with anyio.move_on_after(timeout) as deadline:
                     await proc.wait()
@@ -164,11 +166,14 @@ class _Tail:
         return self._buf.decode("utf-8", errors="replace")
 
 
-async def _drain(stream: anyio.abc.ByteReceiveStream, tail: _Tail) -> None:
+async def _drain(stream: anyio.abc.ByteReceiveStream, tail: _Tail,
+                 on_chunk: Callable[[bytes], None] | None = None) -> None:
     """Read until EOF so the child never blocks on a full pipe."""
     with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
         async for chunk in stream:
             tail.add(chunk)
+            if on_chunk is not None:
+                on_chunk(chunk)
 
 
 async def _stop_group(proc: anyio.abc.Process, pgid: int, kill_grace: float) -> None:

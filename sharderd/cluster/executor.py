@@ -30,7 +30,7 @@ import anyio
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
 from sharderd.cluster import artifacts
 from sharderd.cluster.errors import AttemptLostError, ClusterUnavailableError, UnschedulableError
-from sharderd.cluster.task import STARTED_NAME
+from sharderd.cluster.task import STARTED_NAME, STDERR_NAME
 from sharderd.config import ClusterConfig
 from sharderd.logs import get_logger
 from sharderd.units import fmt_bytes
@@ -39,8 +39,8 @@ __all__ = ["RayRunner", "required_resources", "unschedulable_reason"]
 
 _POLL_S: Final = 0.02
 _FEASIBILITY_EVERY_S: Final = 1.0
-_STDERR_LINES: Final = 40
-"""How many of the last stderr lines of an attempt go to the daemon log."""
+_STDERR_LINES: Final = 2000
+"""Stderr lines of one attempt streamed into the daemon log at most (the tail is in the report)."""
 _LOST: Final = ("NodeDiedError", "WorkerCrashedError", "LocalRayletDiedError", "ObjectLostError",
                 "OwnerDiedError", "ObjectFetchTimedOutError", "RaySystemError")
 """Ray errors that mean the try was lost, not that the attempt failed."""
@@ -139,7 +139,12 @@ class RayRunner:
                 name=f"sharderd:{job_id}:{attempt}",
             ).remote(payload)
             _log.info("attempt.submitted", attempt=attempt, resources=need, shared=str(remote_dir))
-            result = await self._wait(ref, remote_dir, need, timeout=timeout, kill_grace=kill_grace)
+            stderr = _StderrStream(remote_dir / STDERR_NAME, attempt)
+            try:
+                result = await self._wait(ref, remote_dir, need, timeout=timeout, kill_grace=kill_grace,
+                                          stderr=stderr)
+            finally:
+                stderr.poll(final=True)
             return self._accept(result, request, workdir, attempt)
         finally:
             shutil.rmtree(remote_dir, ignore_errors=True)
@@ -174,7 +179,7 @@ class RayRunner:
         }
 
     async def _wait(self, ref: Any, remote_dir: Path, need: Mapping[str, float], *, timeout: float,
-                    kill_grace: float) -> dict[str, Any]:
+                    kill_grace: float, stderr: _StderrStream | None = None) -> dict[str, Any]:
         ray = self._ray
         started_at: float | None = None
         infeasible_since: float | None = None
@@ -187,6 +192,8 @@ class RayRunner:
                 now = anyio.current_time()
                 if started_at is None and (remote_dir / STARTED_NAME).exists():
                     started_at = now
+                if stderr is not None:
+                    stderr.poll()
                 if started_at is None and now >= next_check:
                     next_check = now + _FEASIBILITY_EVERY_S
                     reason = unschedulable_reason(need, ray.nodes())
@@ -241,9 +248,6 @@ class RayRunner:
         """The task's outcome, with its artifact checked and moved into the local attempt folder."""
         outcome = AttemptOutcome.from_json(result["outcome"])
         where = result.get("where") or {}
-        lines = [ln for ln in outcome.stderr_tail.splitlines() if ln.strip()][-_STDERR_LINES:]
-        for line in lines:
-            _log.info("attempt.stderr", attempt=attempt, node_id=where.get("node_id"), line=line[:2000])
         sealed = result.get("artifact")
         _log.info("attempt.ran", attempt=attempt, node_id=where.get("node_id"), host=where.get("host"),
                   worker_pid=where.get("pid"), result=outcome.outcome,
@@ -271,6 +275,35 @@ class RayRunner:
             shutil.rmtree(local) if local.is_dir() else local.unlink()
         shutil.move(str(shared), local)
         return dataclasses.replace(outcome, artifact=str(local))
+
+
+class _StderrStream:
+    """Tails an attempt's ``stderr.log`` in ``shared_dir`` into ``attempt.stderr`` log lines."""
+
+    def __init__(self, path: Path, attempt: str) -> None:
+        self.path = path
+        self.attempt = attempt
+        self.offset = 0
+        self.partial = b""
+        self.lines = 0
+
+    def poll(self, *, final: bool = False) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(1 << 20)
+        except OSError:
+            data = b""
+        self.offset += len(data)
+        *complete, self.partial = (self.partial + data).split(b"\n")
+        if final and self.partial:
+            complete, self.partial = [*complete, self.partial], b""
+        for raw in complete:
+            if self.lines == _STDERR_LINES:
+                _log.info("attempt.stderr", attempt=self.attempt, line=f"(more stderr not logged; first {_STDERR_LINES} lines above)")
+            self.lines += 1
+            if self.lines <= _STDERR_LINES and raw.strip():
+                _log.info("attempt.stderr", attempt=self.attempt, line=raw.decode(errors="replace")[:2000])
 
 
 def _route_ray_messages() -> None:

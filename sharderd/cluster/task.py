@@ -16,7 +16,7 @@ import json
 import os
 import signal
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,6 +31,10 @@ __all__ = ["STARTED_NAME", "TICK_S", "execute"]
 
 STARTED_NAME: Final = "started.json"
 """Written first thing into the attempt folder: the driver's proof that a node took the task."""
+STDERR_NAME: Final = "stderr.log"
+"""The attempt's stderr, appended as it arrives; the driver tails it into its log."""
+STDERR_LIMIT: Final = 4 << 20
+"""Bytes of stderr streamed at most (the tail still comes back with the outcome)."""
 TICK_S: Final = 0.05
 
 
@@ -68,12 +72,29 @@ async def _run(request: AttemptRequest, workdir: Path, payload: Mapping[str, Any
     def started(pgid: int) -> None:
         entries.append(sweeper.register(sweep_dir, pgid, os.getpid()))
 
+    streamed = 0
+
+    def stream(chunk: bytes) -> None:
+        nonlocal streamed
+        if streamed < STDERR_LIMIT:
+            os.write(log_fd, chunk[: STDERR_LIMIT - streamed])
+            streamed += len(chunk)
+
+    log_fd = os.open(workdir / STDERR_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    try:
+        return await _run_with_ticker(request, workdir, payload, env, started, stream)
+    finally:
+        os.close(log_fd)
+
+
+async def _run_with_ticker(request: AttemptRequest, workdir: Path, payload: Mapping[str, Any], env: dict[str, str],
+                           started: Callable[[int], None], stream: Callable[[bytes], None]) -> AttemptOutcome:
     async with anyio.create_task_group() as tg:
         tg.start_soon(_tick)
         outcome = await run_attempt(
             request, workdir, pool=AttemptPool(1), job_id=str(payload["job_id"]),
             timeout=float(payload["timeout"]), kill_grace=float(payload["kill_grace"]), env=env,
-            argv_prefix=payload.get("argv_prefix"), on_started=started,
+            argv_prefix=payload.get("argv_prefix"), on_started=started, on_stderr=stream,
         )
         tg.cancel_scope.cancel()
     return outcome
