@@ -227,7 +227,7 @@ class ClusterConfig:
     num_cpus: float = 1.0
     """Ray CPUs one attempt reserves (a Poplar compile is mostly single-threaded)."""
     memory_bytes: int = 0
-    """Ray memory one attempt reserves (admission, not a limit); 0: no memory reservation."""
+    """Host memory one attempt needs: a job fails when no node has this much in all (Ray's ``memory`` request; not a limit); 0: none."""
     sdk_resource: str = ""
     """Custom Ray resource that marks hosts with the Poplar SDK (``ray start --resources '{"poplar_sdk": 1}'``); empty: any node."""
     ipu_resource: str = ""

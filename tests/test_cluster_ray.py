@@ -199,8 +199,13 @@ def test_timeout_comes_back_as_the_attempts_outcome(runner: RayRunner, tmp_path:
     assert dict(outcome.details or {})["cluster"]["node_id"] == _worker_node_id()
 
 
-def test_a_task_no_node_can_hold_fails_naming_the_resource(cluster: RayCluster, tmp_path: Path) -> None:
-    r = RayRunner(_cluster_config(cluster, tmp_path, sdk_resource="poplar_sdk", schedule_timeout=2.0))
+@pytest.mark.parametrize(("overrides", "named"), [
+    ({"sdk_resource": "poplar_sdk"}, "'poplar_sdk'"),
+    ({"memory_bytes": 1 << 50}, "'memory' (the most any of its 2 node(s) has:"),
+])
+def test_a_task_no_node_can_hold_fails_naming_the_resource(
+        cluster: RayCluster, tmp_path: Path, overrides: dict[str, Any], named: str) -> None:
+    r = RayRunner(_cluster_config(cluster, tmp_path, schedule_timeout=2.0, **overrides))
     r.connect()
     workdir = _attempt_dir(tmp_path)
     started = time.monotonic()
@@ -209,7 +214,7 @@ def test_a_task_no_node_can_hold_fails_naming_the_resource(cluster: RayCluster, 
             anyio.run(lambda: _run(r, _request(workdir), workdir))
     finally:
         r.close()
-    assert "'poplar_sdk'" in err.value.message, err.value.message
+    assert named in err.value.message, err.value.message
     assert 2.0 <= time.monotonic() - started < 8.0
 
 

@@ -133,6 +133,7 @@ class RayRunner:
         try:
             payload = self._stage(request, workdir, remote_dir, job_id, timeout, kill_grace, argv_prefix)
             need = required_resources(self.cluster, request)
+            await self._until_feasible(need)
             ref = self._remote.options(
                 num_cpus=need.get("CPU", 0.0), memory=need.get("memory"),
                 resources={k: v for k, v in need.items() if k not in ("CPU", "memory")} or None,
@@ -178,6 +179,26 @@ class RayRunner:
             "sweep_dir": str(self.cluster.sweep_dir), "argv_prefix": list(argv_prefix) if argv_prefix else None,
         }
 
+    async def _until_feasible(self, need: Mapping[str, float]) -> None:
+        """Wait (up to ``schedule_timeout``) for a node whose totals can hold ``need``.
+
+        Checked before submitting as well as while pending: Ray 2.60 starts a task whatever
+        ``memory`` it asks for (measured), so only this check turns an impossible memory floor
+        into a job failure.
+        """
+        waited_since = anyio.current_time()
+        while (reason := unschedulable_reason(need, self._ray.nodes())) is not None:
+            if anyio.current_time() - waited_since >= self.cluster.schedule_timeout:
+                raise self._unschedulable(reason)
+            await anyio.sleep(_FEASIBILITY_EVERY_S)
+
+    def _unschedulable(self, reason: str) -> UnschedulableError:
+        return UnschedulableError(
+            f"{reason}; the attempt waited {self.cluster.schedule_timeout:g} s "
+            "([cluster] schedule_timeout) for a node that can hold it",
+            hint="Add a node with that resource (`ray start --address=HEAD:PORT "
+                 "--resources='{\"NAME\": 1}'`) or lower the [cluster] request.")
+
     async def _wait(self, ref: Any, remote_dir: Path, need: Mapping[str, float], *, timeout: float,
                     kill_grace: float, stderr: _StderrStream | None = None) -> dict[str, Any]:
         ray = self._ray
@@ -200,11 +221,7 @@ class RayRunner:
                     infeasible_since = None if reason is None else (infeasible_since or now)
                     if reason is not None and now - infeasible_since >= self.cluster.schedule_timeout:
                         ray.cancel(ref, force=True)
-                        raise UnschedulableError(
-                            f"{reason}; the attempt waited {self.cluster.schedule_timeout:g} s "
-                            "([cluster] schedule_timeout) for a node that can hold it",
-                            hint="Add a node with that resource (`ray start --address=HEAD:PORT "
-                                 "--resources='{\"NAME\": 1}'`) or lower the [cluster] request.")
+                        raise self._unschedulable(reason)
                 if started_at is not None and now - started_at > timeout + kill_grace + self.cancel_margin:
                     # The task's own timeout should have ended it: the node is wedged; stop it.
                     await self._cancel(ref, kill_grace)
