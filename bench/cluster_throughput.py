@@ -42,8 +42,10 @@ ARTIFACT_WORKER = REPO / "tests" / "children" / "artifact_worker.py"
 
 
 def fake_compiler(seconds: float) -> list[str]:
-    code = (f"import runpy, sys, time; time.sleep({seconds}); sys.argv = sys.argv[1:]; "
-            f"runpy.run_path({str(ARTIFACT_WORKER)!r}, run_name='__main__')")
+    code = (
+        f"import runpy, sys, time; time.sleep({seconds}); sys.argv = sys.argv[1:]; "
+        f"runpy.run_path({str(ARTIFACT_WORKER)!r}, run_name='__main__')"
+    )
     return [sys.executable, "-c", code, "fake"]
 
 
@@ -51,7 +53,9 @@ def attempt_dir(root: Path, index: int) -> tuple[AttemptRequest, Path]:
     workdir = root / "job" / "run-1" / f"attempt-{index}"
     workdir.mkdir(parents=True)
     (workdir / "model.onnx").write_bytes(b"x" * 4096)
-    return AttemptRequest("fault", str(workdir / "model.onnx"), str(workdir / "model.popef"), 2), workdir
+    return AttemptRequest(
+        "fault", str(workdir / "model.onnx"), str(workdir / "model.popef"), 2
+    ), workdir
 
 
 async def run_many(pool: AttemptPool, root: Path, count: int, seconds: float) -> list[float]:
@@ -60,8 +64,15 @@ async def run_many(pool: AttemptPool, root: Path, count: int, seconds: float) ->
     async def one(i: int) -> None:
         request, workdir = attempt_dir(root, i)
         t = time.perf_counter()
-        outcome = await run_attempt(request, workdir, pool=pool, job_id=f"bench-{i}", timeout=600,
-                                    kill_grace=5, argv_prefix=fake_compiler(seconds))
+        outcome = await run_attempt(
+            request,
+            workdir,
+            pool=pool,
+            job_id=f"bench-{i}",
+            timeout=600,
+            kill_grace=5,
+            argv_prefix=fake_compiler(seconds),
+        )
         assert outcome.outcome == "ok", outcome
         durations.append(time.perf_counter() - t)
 
@@ -81,8 +92,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sharderd-bench-ray-") as tmp:
         root = Path(tmp)
         # Local baseline for the overhead: the same zero-second attempt as a plain subprocess.
-        local = [anyio.run(run_many, AttemptPool(1), root / f"local-{i}", 1, 0.0)[0]
-                 for i in range(args.overhead_runs)]
+        local = [
+            anyio.run(run_many, AttemptPool(1), root / f"local-{i}", 1, 0.0)[0]
+            for i in range(args.overhead_runs)
+        ]
         cluster = RayCluster(root / "ray")
         try:
             cluster.start_head()
@@ -91,25 +104,55 @@ def main() -> int:
             ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
             ray._raylet.Config.initialize("")
             ray._raylet.AuthenticationTokenLoader.instance().reset_cache()
-            cfg = ClusterConfig(engine="ray", address=cluster.address, shared_dir=root / "shared",
-                                sweep_dir=root / "sweep", sdk_resource=WORKER_RESOURCE)
+            cfg = ClusterConfig(
+                engine="ray",
+                address=cluster.address,
+                shared_dir=root / "shared",
+                sweep_dir=root / "sweep",
+                sdk_resource=WORKER_RESOURCE,
+            )
             runner = RayRunner(cfg)
             runner.connect()
             for nodes in (1, 2):
-                cluster._start(f"worker{nodes}", [f"--address={cluster.address}", "--num-cpus=1",
-                                                  f"--resources={json.dumps({WORKER_RESOURCE: 1})}"], head=False)
-                while sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get(WORKER_RESOURCE)) < nodes:
+                cluster._start(
+                    f"worker{nodes}",
+                    [
+                        f"--address={cluster.address}",
+                        "--num-cpus=1",
+                        f"--resources={json.dumps({WORKER_RESOURCE: 1})}",
+                    ],
+                    head=False,
+                )
+                while (
+                    sum(
+                        1 for n in ray.nodes() if n["Alive"] and n["Resources"].get(WORKER_RESOURCE)
+                    )
+                    < nodes
+                ):
                     anyio.run(anyio.sleep, 0.2)
-                if nodes == 1:  # warm the worker process pool, then the overhead runs, one at a time
+                if (
+                    nodes == 1
+                ):  # warm the worker process pool, then the overhead runs, one at a time
                     anyio.run(run_many, AttemptPool(1, runner=runner), root / "warm", 1, 0.0)
-                    remote = [anyio.run(run_many, AttemptPool(1, runner=runner), root / f"remote-{i}", 1, 0.0)[0]
-                              for i in range(args.overhead_runs)]
+                    remote = [
+                        anyio.run(
+                            run_many, AttemptPool(1, runner=runner), root / f"remote-{i}", 1, 0.0
+                        )[0]
+                        for i in range(args.overhead_runs)
+                    ]
                 t = time.perf_counter()
-                anyio.run(run_many, AttemptPool(args.attempts, runner=runner), root / f"n{nodes}",
-                          args.attempts, args.compile_seconds)
+                anyio.run(
+                    run_many,
+                    AttemptPool(args.attempts, runner=runner),
+                    root / f"n{nodes}",
+                    args.attempts,
+                    args.compile_seconds,
+                )
                 wall = time.perf_counter() - t
-                out[f"nodes_{nodes}"] = {"wall_s": round(wall, 2),
-                                         "attempts_per_hour": round(args.attempts * 3600 / wall)}
+                out[f"nodes_{nodes}"] = {
+                    "wall_s": round(wall, 2),
+                    "attempts_per_hour": round(args.attempts * 3600 / wall),
+                }
             runner.close()
         finally:
             cluster.stop()

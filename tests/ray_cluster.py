@@ -126,21 +126,45 @@ class RayCluster:
 
     def _start(self, name: str, args: list[str], *, head: bool) -> Node:
         log = self.root / f"{name}.log"
-        ports = ["--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-                 "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port"]
+        ports = [
+            "--node-manager-port",
+            "--object-manager-port",
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--runtime-env-agent-port",
+            "--metrics-export-port",
+        ]
         # A head told 127.0.0.1 keeps it only with the "not a cluster" switch; a worker refuses to
         # start with that switch, so it runs `ray start` with the loopback rewrite switched off.
         env = {**self.env(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0" if head else "1"}
         cli = [_RAY] if head else [sys.executable, "-c", _KEEP_LOOPBACK]
-        argv = [*cli, "start", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats",
-                "--object-store-memory=80000000", *args]
+        argv = [
+            *cli,
+            "start",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            "--disable-usage-stats",
+            "--object-store-memory=80000000",
+            *args,
+        ]
         for flag in ports:
             argv.append(f"{flag}={free_port()}")
         low = free_port()
-        argv += [f"--min-worker-port={low}", f"--max-worker-port={low + 40}"] if low + 40 < 65535 else []
+        argv += (
+            [f"--min-worker-port={low}", f"--max-worker-port={low + 40}"]
+            if low + 40 < 65535
+            else []
+        )
         with open(log, "wb") as out:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True, preexec_fn=_restore_sigint)
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_restore_sigint,
+            )
         node = Node(name, proc, log)
         self.nodes.append(node)
         deadline = time.monotonic() + 60
@@ -151,12 +175,28 @@ class RayCluster:
         return node
 
     def start_head(self) -> Node:
-        return self._start("head", ["--head", f"--port={self.port}", "--include-dashboard=false",
-                                    "--num-cpus=1", f"--temp-dir={self.root / 'ray'}"], head=True)
+        return self._start(
+            "head",
+            [
+                "--head",
+                f"--port={self.port}",
+                "--include-dashboard=false",
+                "--num-cpus=1",
+                f"--temp-dir={self.root / 'ray'}",
+            ],
+            head=True,
+        )
 
     def start_worker(self, name: str = "worker") -> Node:
-        return self._start(name, [f"--address={self.address}", "--num-cpus=2",
-                                  f"--resources={json.dumps({WORKER_RESOURCE: 2})}"], head=False)
+        return self._start(
+            name,
+            [
+                f"--address={self.address}",
+                "--num-cpus=2",
+                f"--resources={json.dumps({WORKER_RESOURCE: 2})}",
+            ],
+            head=False,
+        )
 
     def stop(self) -> None:
         for node in reversed(self.nodes):
@@ -166,10 +206,16 @@ class RayCluster:
     def listening(self) -> list[str]:
         """Local addresses of every TCP/UDP socket listening in a process of this cluster."""
         pids = {pid for node in self.nodes for pid in node.descendants()}
-        out = subprocess.run(["ss", "-H", "-lntup"], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["ss", "-H", "-lntup"], capture_output=True, text=True, check=True
+        ).stdout
         found = []
         for line in out.splitlines():
-            owners = {int(p.split("=")[1]) for p in line.split("users:")[-1].split(",") if p.startswith("pid=")}
+            owners = {
+                int(p.split("=")[1])
+                for p in line.split("users:")[-1].split(",")
+                if p.startswith("pid=")
+            }
             if owners & pids:
                 found.append(line.split()[4])
         return found

@@ -22,19 +22,25 @@ def test_default_is_local_and_needs_no_ray() -> None:
 
 
 def test_a_ray_section_loads(tmp_path: Path) -> None:
-    config = _load(tmp_path, '[cluster]\nengine = "ray"\naddress = "10.0.0.1:6379"\nshared_dir = "/srv/s"\n'
-                             'sdk_resource = "poplar_sdk"\nmemory_bytes = 1024\nenv_passthrough = ["POPLAR_ENGINE_OPTIONS"]\n')
+    config = _load(
+        tmp_path,
+        '[cluster]\nengine = "ray"\naddress = "10.0.0.1:6379"\nshared_dir = "/srv/s"\n'
+        'sdk_resource = "poplar_sdk"\nmemory_bytes = 1024\nenv_passthrough = ["POPLAR_ENGINE_OPTIONS"]\n',
+    )
     assert config.cluster.engine == "ray" and config.cluster.shared_dir == Path("/srv/s")
     assert config.cluster.env_passthrough == ("POPLAR_ENGINE_OPTIONS",)
 
 
-@pytest.mark.parametrize(("text", "named"), [
-    ('[cluster]\nengin = "ray"\n', "'engin'"),
-    ('[cluster]\nengine = "slurm"\n', "'slurm'"),
-    ('[cluster]\nengine = "ray"\n', "shared_dir"),
-    ('[cluster]\nschedule_timeout = 0\n', "schedule_timeout"),
-    ('[cluster]\nnum_cpus = -1\n', "num_cpus"),
-])
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('[cluster]\nengin = "ray"\n', "'engin'"),
+        ('[cluster]\nengine = "slurm"\n', "'slurm'"),
+        ('[cluster]\nengine = "ray"\n', "shared_dir"),
+        ("[cluster]\nschedule_timeout = 0\n", "schedule_timeout"),
+        ("[cluster]\nnum_cpus = -1\n", "num_cpus"),
+    ],
+)
 def test_bad_cluster_keys_are_errors_naming_them(tmp_path: Path, text: str, named: str) -> None:
     with pytest.raises(ConfigError) as err:
         _load(tmp_path, text)

@@ -32,6 +32,8 @@ def test_dropin_lifts_the_private_network_and_keeps_addresses_denied() -> None:
 def test_verify_accepts_the_unit_with_the_cluster_dropin(tmp_path: Path) -> None:
     unit = install_unit(tmp_path)
     (tmp_path / "sharderd.service.d").mkdir()
-    (tmp_path / "sharderd.service.d" / "ray-cluster.conf").write_text(DROPIN.read_text(encoding="utf-8"))
+    (tmp_path / "sharderd.service.d" / "ray-cluster.conf").write_text(
+        DROPIN.read_text(encoding="utf-8")
+    )
     result = analyze("verify", "--man=no", str(unit))
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")

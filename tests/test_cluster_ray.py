@@ -50,7 +50,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
         # This process is a driver too: same token, and Ray must not swap 127.0.0.1 for the external address.
         os.environ.update({k: v for k, v in c.env().items() if k.startswith("RAY_")})
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-        ray._private.ray_constants.ENABLE_RAY_CLUSTER = False  # read at import, before the line above
+        ray._private.ray_constants.ENABLE_RAY_CLUSTER = (
+            False  # read at import, before the line above
+        )
         ray._raylet.Config.initialize("")  # so is the auth mode, and the token is cached
         ray._raylet.AuthenticationTokenLoader.instance().reset_cache()
         yield c
@@ -81,8 +83,14 @@ def _stop_sweeper(sweep_dir: Path) -> None:
 
 def _cluster_config(cluster: RayCluster, root: Path, **overrides: Any) -> ClusterConfig:
     settings: dict[str, Any] = {
-        "engine": "ray", "address": cluster.address, "shared_dir": root / "shared", "sweep_dir": root / "sweep",
-        "sdk_resource": WORKER_RESOURCE, "schedule_timeout": 30.0, "cancel_margin": 2.0, **overrides,
+        "engine": "ray",
+        "address": cluster.address,
+        "shared_dir": root / "shared",
+        "sweep_dir": root / "sweep",
+        "sdk_resource": WORKER_RESOURCE,
+        "schedule_timeout": 30.0,
+        "cancel_margin": 2.0,
+        **overrides,
     }
     return ClusterConfig(**settings)
 
@@ -101,14 +109,32 @@ def _attempt_dir(root: Path, name: str = "attempt-0") -> Path:
 
 
 def _request(workdir: Path, **options: Any) -> AttemptRequest:
-    return AttemptRequest(backend="fault", model=str(workdir / "model.onnx"), artifact=str(workdir / "model.popef"),
-                          num_devices=2, options=options)
+    return AttemptRequest(
+        backend="fault",
+        model=str(workdir / "model.onnx"),
+        artifact=str(workdir / "model.popef"),
+        num_devices=2,
+        options=options,
+    )
 
 
-async def _run(runner: RayRunner, request: AttemptRequest, workdir: Path, *, timeout: float = 60.0,
-               argv_prefix: list[str] | None = None) -> AttemptOutcome:
-    return await run_attempt(request, workdir, pool=AttemptPool(2, runner=runner), job_id="job-1",
-                             timeout=timeout, kill_grace=KILL_GRACE, argv_prefix=argv_prefix)
+async def _run(
+    runner: RayRunner,
+    request: AttemptRequest,
+    workdir: Path,
+    *,
+    timeout: float = 60.0,
+    argv_prefix: list[str] | None = None,
+) -> AttemptOutcome:
+    return await run_attempt(
+        request,
+        workdir,
+        pool=AttemptPool(2, runner=runner),
+        job_id="job-1",
+        timeout=timeout,
+        kill_grace=KILL_GRACE,
+        argv_prefix=argv_prefix,
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -147,10 +173,13 @@ def test_every_ray_socket_listens_on_loopback_only(cluster: RayCluster) -> None:
 
 
 def test_attempt_runs_on_the_worker_node_and_its_artifact_comes_back_checked(
-        cluster: RayCluster, runner: RayRunner, tmp_path: Path) -> None:
+    cluster: RayCluster, runner: RayRunner, tmp_path: Path
+) -> None:
     workdir = _attempt_dir(tmp_path)
     request = _request(workdir)
-    outcome = anyio.run(lambda: _run(runner, request, workdir, argv_prefix=[sys.executable, str(ARTIFACT_WORKER)]))
+    outcome = anyio.run(
+        lambda: _run(runner, request, workdir, argv_prefix=[sys.executable, str(ARTIFACT_WORKER)])
+    )
     assert outcome.outcome == "ok", outcome
     where = dict(outcome.details or {})["cluster"]
     assert where["node_id"] == _worker_node_id()
@@ -166,7 +195,8 @@ def test_attempt_runs_on_the_worker_node_and_its_artifact_comes_back_checked(
 
 
 def test_soft_cancel_kills_children_that_ignore_sigterm_within_the_grace(
-        runner: RayRunner, tmp_path: Path) -> None:
+    runner: RayRunner, tmp_path: Path
+) -> None:
     workdir = _attempt_dir(tmp_path)
     request = _request(workdir, fault="fork_bomb", children=5)
     found: list[int] = []
@@ -199,12 +229,16 @@ def test_timeout_comes_back_as_the_attempts_outcome(runner: RayRunner, tmp_path:
     assert dict(outcome.details or {})["cluster"]["node_id"] == _worker_node_id()
 
 
-@pytest.mark.parametrize(("overrides", "named"), [
-    ({"sdk_resource": "poplar_sdk"}, "'poplar_sdk'"),
-    ({"memory_bytes": 1 << 50}, "'memory' (the most any of its 2 node(s) has:"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"sdk_resource": "poplar_sdk"}, "'poplar_sdk'"),
+        ({"memory_bytes": 1 << 50}, "'memory' (the most any of its 2 node(s) has:"),
+    ],
+)
 def test_a_task_no_node_can_hold_fails_naming_the_resource(
-        cluster: RayCluster, tmp_path: Path, overrides: dict[str, Any], named: str) -> None:
+    cluster: RayCluster, tmp_path: Path, overrides: dict[str, Any], named: str
+) -> None:
     r = RayRunner(_cluster_config(cluster, tmp_path, schedule_timeout=2.0, **overrides))
     r.connect()
     workdir = _attempt_dir(tmp_path)
@@ -222,10 +256,13 @@ def test_a_corrupted_artifact_is_never_taken(runner: RayRunner, tmp_path: Path) 
     workdir = _attempt_dir(tmp_path)
     request = _request(workdir)
     remote = tmp_path / "shared" / "job-1" / "run-1-attempt-0-test"
-    payload = runner._stage(request, workdir, remote, "job-1", 60.0, KILL_GRACE,
-                            [sys.executable, str(ARTIFACT_WORKER)])
+    payload = runner._stage(
+        request, workdir, remote, "job-1", 60.0, KILL_GRACE, [sys.executable, str(ARTIFACT_WORKER)]
+    )
     ref = runner._remote.options(resources={WORKER_RESOURCE: 1}).remote(payload)
-    result = anyio.run(lambda: runner._wait(ref, remote, {WORKER_RESOURCE: 1}, timeout=60.0, kill_grace=KILL_GRACE))
+    result = anyio.run(
+        lambda: runner._wait(ref, remote, {WORKER_RESOURCE: 1}, timeout=60.0, kill_grace=KILL_GRACE)
+    )
     sealed = Path(result["artifact"]["path"])
     data = bytearray(sealed.read_bytes())
     data[10] ^= 0xFF  # same size, one byte flipped: only the sha256 can tell
@@ -239,9 +276,12 @@ def test_a_corrupted_artifact_is_never_taken(runner: RayRunner, tmp_path: Path) 
 
 
 def test_a_raylet_crash_leaves_nothing_running_the_sweeper_kills_it(
-        cluster: RayCluster, runner: RayRunner, tmp_path: Path) -> None:
+    cluster: RayCluster, runner: RayRunner, tmp_path: Path
+) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0  # orphans come to us, so we can reap them
+    assert (
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    )  # orphans come to us, so we can reap them
     worker = next(n for n in cluster.nodes if n.name == "worker")
     workdir = _attempt_dir(tmp_path)
     request = _request(workdir, fault="fork_bomb", children=5)
@@ -253,10 +293,14 @@ def test_a_raylet_crash_leaves_nothing_running_the_sweeper_kills_it(
             found.extend(await _pids_of_attempt(tmp_path / "shared"))
             raylet = worker.raylet_pid()
             tree = worker.descendants()
-            os.kill(worker.proc.pid, signal.SIGKILL)  # `ray start` first: nobody would clean up after it
+            os.kill(
+                worker.proc.pid, signal.SIGKILL
+            )  # `ray start` first: nobody would clean up after it
             worker.proc.wait(10)
             os.kill(raylet, signal.SIGKILL)
-            for pid in tree:  # reap what was re-parented to us (a zombie raylet keeps its workers alive)
+            for (
+                pid
+            ) in tree:  # reap what was re-parented to us (a zombie raylet keeps its workers alive)
                 with anyio.move_on_after(10):
                     while _reap(pid):
                         await anyio.sleep(0.05)
@@ -283,24 +327,42 @@ def _reap(pid: int) -> bool:
 
 
 def test_a_killed_node_mid_attempt_the_job_succeeds_once_on_another_node(
-        cluster: RayCluster, runner: RayRunner, tmp_path: Path) -> None:  # runner: this test's view of the nodes
+    cluster: RayCluster, runner: RayRunner, tmp_path: Path
+) -> None:  # runner: this test's view of the nodes
     root = tmp_path / "d"
-    config = write_config(root, backend="poprt", target="ipu-mk2", max_parallel_compiles=1, max_attempts=3)
+    config = write_config(
+        root, backend="poprt", target="ipu-mk2", max_parallel_compiles=1, max_attempts=3
+    )
     cluster_cfg = _cluster_config(cluster, root, env_passthrough=["FAKE_POPRT_COMPILE_SECONDS"])
     lines = ["", "[cluster]"]
-    for key in ("engine", "address", "shared_dir", "sweep_dir", "sdk_resource", "schedule_timeout", "env_passthrough"):
+    for key in (
+        "engine",
+        "address",
+        "shared_dir",
+        "sweep_dir",
+        "sdk_resource",
+        "schedule_timeout",
+        "env_passthrough",
+    ):
         value = getattr(cluster_cfg, key)
-        lines.append(f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else str(value) if isinstance(value, Path) else value)}")
+        lines.append(
+            f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else str(value) if isinstance(value, Path) else value)}"
+        )
     with open(config, "a") as f:
         f.write("\n".join(lines) + "\n")
-    env = {**{k: v for k, v in cluster.env().items() if k.startswith("RAY_")},
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "FAKE_POPRT_COMPILE_SECONDS": "3"}
+    env = {
+        **{k: v for k, v in cluster.env().items() if k.startswith("RAY_")},
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "FAKE_POPRT_COMPILE_SECONDS": "3",
+    }
     model = save_model(chain_model(1), root / "models" / "net.onnx")
     worker = next(n for n in cluster.nodes if n.name == "worker")
     with running(config, env=env, fake_poprt=True) as daemon:
         drop(model, root / "inbox")
         daemon.wait_for("attempt.submitted", timeout=60)
-        daemon.wait_until(lambda: any((root / "shared").glob("*/*/started.json")), 30, "the task to start")
+        daemon.wait_until(
+            lambda: any((root / "shared").glob("*/*/started.json")), 30, "the task to start"
+        )
         started = next((root / "shared").glob("*/*/started.json"))
         old_id = json.loads(started.read_text())["node_id"]
         worker.kill()
@@ -312,7 +374,13 @@ def test_a_killed_node_mid_attempt_the_job_succeeds_once_on_another_node(
     _stop_sweeper(root / "sweep")
     assert len(ran) == 1 and ran[0]["result"] == "ok", ran
     assert ran[0]["node_id"] != old_id  # the retry ran on the other node
-    assert ran[0]["node_id"] in {n["NodeID"] for n in ray.nodes() if n["Resources"].get(WORKER_RESOURCE)}
+    assert ran[0]["node_id"] in {
+        n["NodeID"] for n in ray.nodes() if n["Resources"].get(WORKER_RESOURCE)
+    }
     assert len(results(root / "outbox")) == 1
-    records = [json.loads(p.read_text()) for p in sorted((root / "state" / "journal").glob("*.json"))]
-    assert [(r["name"], r["state"], r["attempts"]) for r in records] == [("net", "succeeded", 2)], records
+    records = [
+        json.loads(p.read_text()) for p in sorted((root / "state" / "journal").glob("*.json"))
+    ]
+    assert [(r["name"], r["state"], r["attempts"]) for r in records] == [("net", "succeeded", 2)], (
+        records
+    )

@@ -13,7 +13,10 @@ def test_a_second_daemon_on_the_same_state_dir_exits_2_naming_the_first(tmp_path
         second = DaemonProcess(config)
         try:
             assert second.wait_exit(30) == 2
-            assert f"another sharderd daemon (pid {first.pid}) already runs on state_dir" in second.stderr
+            assert (
+                f"another sharderd daemon (pid {first.pid}) already runs on state_dir"
+                in second.stderr
+            )
             assert "Traceback" not in second.stderr
             assert not second.events("daemon.ready")
         finally:

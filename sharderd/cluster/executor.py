@@ -41,8 +41,15 @@ _POLL_S: Final = 0.02
 _FEASIBILITY_EVERY_S: Final = 1.0
 _STDERR_LINES: Final = 2000
 """Stderr lines of one attempt streamed into the daemon log at most (the tail is in the report)."""
-_LOST: Final = ("NodeDiedError", "WorkerCrashedError", "LocalRayletDiedError", "ObjectLostError",
-                "OwnerDiedError", "ObjectFetchTimedOutError", "RaySystemError")
+_LOST: Final = (
+    "NodeDiedError",
+    "WorkerCrashedError",
+    "LocalRayletDiedError",
+    "ObjectLostError",
+    "OwnerDiedError",
+    "ObjectFetchTimedOutError",
+    "RaySystemError",
+)
 """Ray errors that mean the try was lost, not that the attempt failed."""
 
 _log = get_logger(__name__)
@@ -60,7 +67,9 @@ def required_resources(cluster: ClusterConfig, request: AttemptRequest) -> dict[
     return {k: v for k, v in need.items() if v > 0}
 
 
-def unschedulable_reason(need: Mapping[str, float], nodes: Sequence[Mapping[str, Any]]) -> str | None:
+def unschedulable_reason(
+    need: Mapping[str, float], nodes: Sequence[Mapping[str, Any]]
+) -> str | None:
     """Why no alive node can hold ``need`` (naming the resource), or None when one can."""
     alive = [n for n in nodes if n.get("Alive")]
     totals = [dict(n.get("Resources") or {}) for n in alive]
@@ -71,8 +80,10 @@ def unschedulable_reason(need: Mapping[str, float], nodes: Sequence[Mapping[str,
     for key, value in need.items():
         most = max((t.get(key, 0.0) for t in totals), default=0.0)
         if most < value:
-            return (f"no node of the Ray cluster has {_amount(key, value)} of resource {key!r} "
-                    f"(the most any of its {len(alive)} node(s) has: {_amount(key, most)})")
+            return (
+                f"no node of the Ray cluster has {_amount(key, value)} of resource {key!r} "
+                f"(the most any of its {len(alive)} node(s) has: {_amount(key, most)})"
+            )
     return f"no single node of the Ray cluster has all of {dict(need)} at once"
 
 
@@ -98,52 +109,80 @@ class RayRunner:
             import ray
         except ImportError:
             raise ClusterUnavailableError(
-                'engine = "ray" needs Ray on this host', hint="pip install 'sharderd[ray]'") from None
+                'engine = "ray" needs Ray on this host', hint="pip install 'sharderd[ray]'"
+            ) from None
         try:
             self.shared_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ClusterUnavailableError(f"[cluster] shared_dir {self.shared_dir}: {exc.strerror}") from None
+            raise ClusterUnavailableError(
+                f"[cluster] shared_dir {self.shared_dir}: {exc.strerror}"
+            ) from None
         _route_ray_messages()
         try:
-            ray.init(address=self.cluster.address, namespace="sharderd", log_to_driver=False,
-                     configure_logging=False, include_dashboard=False)
+            ray.init(
+                address=self.cluster.address,
+                namespace="sharderd",
+                log_to_driver=False,
+                configure_logging=False,
+                include_dashboard=False,
+            )
         except Exception as exc:  # ray raises ConnectionError, RuntimeError, AuthenticationError...
             raise ClusterUnavailableError(
                 f"cannot join the Ray cluster at {self.cluster.address!r}: {type(exc).__name__}: {exc}",
                 hint="Start it first (`ray start --head ...` on the head host, see the README's cluster "
-                     "section) and give this daemon the same RAY_AUTH_TOKEN_PATH.") from None
+                "section) and give this daemon the same RAY_AUTH_TOKEN_PATH.",
+            ) from None
         from sharderd.cluster.task import execute
 
         self._ray = ray
         self._remote = ray.remote(max_retries=0, retry_exceptions=False)(execute)
-        _log.info("cluster.connected", address=self.cluster.address, nodes=sum(1 for n in ray.nodes() if n["Alive"]),
-                  resources=ray.cluster_resources(), shared_dir=str(self.shared_dir))
+        _log.info(
+            "cluster.connected",
+            address=self.cluster.address,
+            nodes=sum(1 for n in ray.nodes() if n["Alive"]),
+            resources=ray.cluster_resources(),
+            shared_dir=str(self.shared_dir),
+        )
 
     def close(self) -> None:
         if self._ray is not None:
             self._ray.shutdown()
             self._ray = None
 
-    async def __call__(self, request: AttemptRequest, workdir: Path, *, job_id: str, timeout: float,
-                       kill_grace: float, argv_prefix: Sequence[str] | None) -> AttemptOutcome:
+    async def __call__(
+        self,
+        request: AttemptRequest,
+        workdir: Path,
+        *,
+        job_id: str,
+        timeout: float,
+        kill_grace: float,
+        argv_prefix: Sequence[str] | None,
+    ) -> AttemptOutcome:
         if self._ray is None:
             raise ClusterUnavailableError("the Ray runner was not connected")
         attempt = workdir.name
-        remote_dir = self.shared_dir / job_id / f"{workdir.parent.name}-{attempt}-{secrets.token_hex(4)}"
+        remote_dir = (
+            self.shared_dir / job_id / f"{workdir.parent.name}-{attempt}-{secrets.token_hex(4)}"
+        )
         try:
-            payload = self._stage(request, workdir, remote_dir, job_id, timeout, kill_grace, argv_prefix)
+            payload = self._stage(
+                request, workdir, remote_dir, job_id, timeout, kill_grace, argv_prefix
+            )
             need = required_resources(self.cluster, request)
             await self._until_feasible(need)
             ref = self._remote.options(
-                num_cpus=need.get("CPU", 0.0), memory=need.get("memory"),
+                num_cpus=need.get("CPU", 0.0),
+                memory=need.get("memory"),
                 resources={k: v for k, v in need.items() if k not in ("CPU", "memory")} or None,
                 name=f"sharderd:{job_id}:{attempt}",
             ).remote(payload)
             _log.info("attempt.submitted", attempt=attempt, resources=need, shared=str(remote_dir))
             stderr = _StderrStream(remote_dir / STDERR_NAME, attempt)
             try:
-                result = await self._wait(ref, remote_dir, need, timeout=timeout, kill_grace=kill_grace,
-                                          stderr=stderr)
+                result = await self._wait(
+                    ref, remote_dir, need, timeout=timeout, kill_grace=kill_grace, stderr=stderr
+                )
             finally:
                 stderr.poll(final=True)
             return self._accept(result, request, workdir, attempt)
@@ -154,29 +193,48 @@ class RayRunner:
 
     # -- steps -------------------------------------------------------------------------------
 
-    def _stage(self, request: AttemptRequest, workdir: Path, remote_dir: Path, job_id: str, timeout: float,
-               kill_grace: float, argv_prefix: Sequence[str] | None) -> dict[str, Any]:
+    def _stage(
+        self,
+        request: AttemptRequest,
+        workdir: Path,
+        remote_dir: Path,
+        job_id: str,
+        timeout: float,
+        kill_grace: float,
+        argv_prefix: Sequence[str] | None,
+    ) -> dict[str, Any]:
         """Copy the attempt folder into ``shared_dir`` and point the request's paths there."""
         shutil.copytree(workdir, remote_dir, dirs_exist_ok=False)
         local, remote = str(workdir), str(remote_dir)
 
         def moved(value: Any) -> Any:
             if isinstance(value, str) and (value == local or value.startswith(local + "/")):
-                return remote + value[len(local):]
+                return remote + value[len(local) :]
             return value
 
         final = Path(moved(request.artifact))
         written = final.with_name(artifacts.TMP_PREFIX + final.name)
         staged = dataclasses.replace(
-            request, model=moved(request.model), artifact=str(written),
+            request,
+            model=moved(request.model),
+            artifact=str(written),
             options={k: moved(v) for k, v in request.options.items()},
         )
-        env = {name: value for name in self.cluster.env_passthrough
-               if (value := os.environ.get(name)) is not None}
+        env = {
+            name: value
+            for name in self.cluster.env_passthrough
+            if (value := os.environ.get(name)) is not None
+        }
         return {
-            "request": dataclasses.asdict(staged), "workdir": remote, "artifact_final": str(final),
-            "job_id": job_id, "timeout": timeout, "kill_grace": kill_grace, "env": env,
-            "sweep_dir": str(self.cluster.sweep_dir), "argv_prefix": list(argv_prefix) if argv_prefix else None,
+            "request": dataclasses.asdict(staged),
+            "workdir": remote,
+            "artifact_final": str(final),
+            "job_id": job_id,
+            "timeout": timeout,
+            "kill_grace": kill_grace,
+            "env": env,
+            "sweep_dir": str(self.cluster.sweep_dir),
+            "argv_prefix": list(argv_prefix) if argv_prefix else None,
         }
 
     async def _until_feasible(self, need: Mapping[str, float]) -> None:
@@ -197,10 +255,19 @@ class RayRunner:
             f"{reason}; the attempt waited {self.cluster.schedule_timeout:g} s "
             "([cluster] schedule_timeout) for a node that can hold it",
             hint="Add a node with that resource (`ray start --address=HEAD:PORT "
-                 "--resources='{\"NAME\": 1}'`) or lower the [cluster] request.")
+            "--resources='{\"NAME\": 1}'`) or lower the [cluster] request.",
+        )
 
-    async def _wait(self, ref: Any, remote_dir: Path, need: Mapping[str, float], *, timeout: float,
-                    kill_grace: float, stderr: _StderrStream | None = None) -> dict[str, Any]:
+    async def _wait(
+        self,
+        ref: Any,
+        remote_dir: Path,
+        need: Mapping[str, float],
+        *,
+        timeout: float,
+        kill_grace: float,
+        stderr: _StderrStream | None = None,
+    ) -> dict[str, Any]:
         ray = self._ray
         started_at: float | None = None
         infeasible_since: float | None = None
@@ -219,14 +286,23 @@ class RayRunner:
                     next_check = now + _FEASIBILITY_EVERY_S
                     reason = unschedulable_reason(need, ray.nodes())
                     infeasible_since = None if reason is None else (infeasible_since or now)
-                    if reason is not None and now - infeasible_since >= self.cluster.schedule_timeout:
+                    if (
+                        reason is not None
+                        and now - infeasible_since >= self.cluster.schedule_timeout
+                    ):
                         ray.cancel(ref, force=True)
                         raise self._unschedulable(reason)
-                if started_at is not None and now - started_at > timeout + kill_grace + self.cancel_margin:
+                if (
+                    started_at is not None
+                    and now - started_at > timeout + kill_grace + self.cancel_margin
+                ):
                     # The task's own timeout should have ended it: the node is wedged; stop it.
                     await self._cancel(ref, kill_grace)
-                    return {"outcome": AttemptOutcome(
-                        "timeout", f"no result through Ray within {timeout:g} s; task cancelled").to_json()}
+                    return {
+                        "outcome": AttemptOutcome(
+                            "timeout", f"no result through Ray within {timeout:g} s; task cancelled"
+                        ).to_json()
+                    }
                 await anyio.sleep(_POLL_S)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
@@ -255,23 +331,42 @@ class RayRunner:
             if name in _LOST or isinstance(exc, getattr(ray.exceptions, "NodeDiedError", ())):
                 raise AttemptLostError(
                     f"the Ray node or worker running the attempt died ({name}): {str(exc).splitlines()[0][:300]}",
-                    hint="sharderd runs the job again on the nodes left; check the node's raylet log.") from None
+                    hint="sharderd runs the job again on the nodes left; check the node's raylet log.",
+                ) from None
             cause = getattr(exc, "cause", None) or exc
-            return {"outcome": AttemptOutcome("crashed", f"the attempt's Ray task failed: {type(cause).__name__}: "
-                                              f"{str(cause).splitlines()[0][:500] if str(cause) else ''}").to_json()}
+            return {
+                "outcome": AttemptOutcome(
+                    "crashed",
+                    f"the attempt's Ray task failed: {type(cause).__name__}: "
+                    f"{str(cause).splitlines()[0][:500] if str(cause) else ''}",
+                ).to_json()
+            }
         return value
 
-    def _accept(self, result: Mapping[str, Any], request: AttemptRequest, workdir: Path, attempt: str) -> AttemptOutcome:
+    def _accept(
+        self, result: Mapping[str, Any], request: AttemptRequest, workdir: Path, attempt: str
+    ) -> AttemptOutcome:
         """The task's outcome, with its artifact checked and moved into the local attempt folder."""
         outcome = AttemptOutcome.from_json(result["outcome"])
         where = result.get("where") or {}
         sealed = result.get("artifact")
-        _log.info("attempt.ran", attempt=attempt, node_id=where.get("node_id"), host=where.get("host"),
-                  worker_pid=where.get("pid"), result=outcome.outcome,
-                  artifact_bytes=sealed["size"] if sealed else None, sha256=sealed["sha256"] if sealed else None)
-        outcome = dataclasses.replace(outcome, details={**(outcome.details or {}), "cluster": dict(where)})
+        _log.info(
+            "attempt.ran",
+            attempt=attempt,
+            node_id=where.get("node_id"),
+            host=where.get("host"),
+            worker_pid=where.get("pid"),
+            result=outcome.outcome,
+            artifact_bytes=sealed["size"] if sealed else None,
+            sha256=sealed["sha256"] if sealed else None,
+        )
+        outcome = dataclasses.replace(
+            outcome, details={**(outcome.details or {}), "cluster": dict(where)}
+        )
         if sealed is None:
-            return dataclasses.replace(outcome, artifact=request.artifact if outcome.artifact else None)
+            return dataclasses.replace(
+                outcome, artifact=request.artifact if outcome.artifact else None
+            )
         shared = Path(sealed["path"])
         try:
             got = artifacts.digest(shared)
@@ -279,14 +374,25 @@ class RayRunner:
             got = None
             problem = f"unreadable: {exc}"
         else:
-            problem = "" if (got.size, got.sha256) == (sealed["size"], sealed["sha256"]) else (
-                f"{got.size} bytes, sha256 {got.sha256[:16]}… where the node sealed "
-                f"{sealed['size']} bytes, sha256 {str(sealed['sha256'])[:16]}…")
+            problem = (
+                ""
+                if (got.size, got.sha256) == (sealed["size"], sealed["sha256"])
+                else (
+                    f"{got.size} bytes, sha256 {got.sha256[:16]}… where the node sealed "
+                    f"{sealed['size']} bytes, sha256 {str(sealed['sha256'])[:16]}…"
+                )
+            )
         if problem:
-            _log.error("attempt.artifact_mismatch", attempt=attempt, artifact=str(shared), problem=problem)
-            return dataclasses.replace(outcome, outcome="crashed", artifact=None,
-                                       message=f"the compiled artifact in shared_dir does not match what the node "
-                                               f"wrote ({problem}); not used")
+            _log.error(
+                "attempt.artifact_mismatch", attempt=attempt, artifact=str(shared), problem=problem
+            )
+            return dataclasses.replace(
+                outcome,
+                outcome="crashed",
+                artifact=None,
+                message=f"the compiled artifact in shared_dir does not match what the node "
+                f"wrote ({problem}); not used",
+            )
         local = Path(request.artifact)
         if local.exists():
             shutil.rmtree(local) if local.is_dir() else local.unlink()
@@ -317,10 +423,16 @@ class _StderrStream:
             complete, self.partial = [*complete, self.partial], b""
         for raw in complete:
             if self.lines == _STDERR_LINES:
-                _log.info("attempt.stderr", attempt=self.attempt, line=f"(more stderr not logged; first {_STDERR_LINES} lines above)")
+                _log.info(
+                    "attempt.stderr",
+                    attempt=self.attempt,
+                    line=f"(more stderr not logged; first {_STDERR_LINES} lines above)",
+                )
             self.lines += 1
             if self.lines <= _STDERR_LINES and raw.strip():
-                _log.info("attempt.stderr", attempt=self.attempt, line=raw.decode(errors="replace")[:2000])
+                _log.info(
+                    "attempt.stderr", attempt=self.attempt, line=raw.decode(errors="replace")[:2000]
+                )
 
 
 def _route_ray_messages() -> None:
@@ -330,6 +442,8 @@ def _route_ray_messages() -> None:
 
     def log_lines(data: Mapping[str, Any], ignore_prefix: bool = False) -> None:
         for line in data.get("lines", ()):
-            _log.warning("cluster.message", source=str(data.get("pid", "")), message=str(line)[:2000])
+            _log.warning(
+                "cluster.message", source=str(data.get("pid", "")), message=str(line)[:2000]
+            )
 
     ray_worker.print_to_stdstream = log_lines

@@ -26,7 +26,16 @@ from typing import Final
 
 import anyio
 
-__all__ = ["LOCK_NAME", "ensure_sweeper", "main", "register", "start_time", "sweep_once", "sweeper_pid", "unregister"]
+__all__ = [
+    "LOCK_NAME",
+    "ensure_sweeper",
+    "main",
+    "register",
+    "start_time",
+    "sweep_once",
+    "sweeper_pid",
+    "unregister",
+]
 
 LOCK_NAME: Final = "sweeper.lock"
 _POLL_S: Final = 0.5
@@ -50,8 +59,17 @@ def register(sweep_dir: Path, pgid: int, owner: int) -> Path:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     entry = sweep_dir / f"{pgid}.json"
     tmp = sweep_dir / f".{pgid}.json.tmp"
-    tmp.write_text(json.dumps({"pgid": pgid, "owner": owner, "owner_start": start_time(owner),
-                               "leader_start": start_time(pgid)}), encoding="utf-8")
+    tmp.write_text(
+        json.dumps(
+            {
+                "pgid": pgid,
+                "owner": owner,
+                "owner_start": start_time(owner),
+                "leader_start": start_time(pgid),
+            }
+        ),
+        encoding="utf-8",
+    )
     tmp.replace(entry)
     return entry
 
@@ -85,9 +103,14 @@ def ensure_sweeper(sweep_dir: Path) -> None:
     if _lock_held(sweep_dir / LOCK_NAME):
         return
     # The sweeper forks once and its parent exits at once, so nothing waits on it here.
-    subprocess.run([sys.executable, "-m", "sharderd.cluster.sweeper", str(sweep_dir)],
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   start_new_session=True, check=False)
+    subprocess.run(
+        [sys.executable, "-m", "sharderd.cluster.sweeper", str(sweep_dir)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        check=False,
+    )
 
 
 def sweeper_pid(sweep_dir: Path) -> int | None:
@@ -144,7 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BlockingIOError:
         return 0  # another sweeper has this folder
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # who holds it, for an operator (or a test) to stop
+    os.pwrite(
+        fd, f"{os.getpid()}\n".encode(), 0
+    )  # who holds it, for an operator (or a test) to stop
     anyio.run(_loop, sweep_dir)
     return 0
 

@@ -67,8 +67,14 @@ def execute(payload: Mapping[str, Any]) -> dict[str, Any]:
     return {"outcome": outcome.to_json(), "where": where, "artifact": sealed}
 
 
-async def _run(request: AttemptRequest, workdir: Path, payload: Mapping[str, Any], env: dict[str, str],
-               sweep_dir: Path, entries: list[Path]) -> AttemptOutcome:
+async def _run(
+    request: AttemptRequest,
+    workdir: Path,
+    payload: Mapping[str, Any],
+    env: dict[str, str],
+    sweep_dir: Path,
+    entries: list[Path],
+) -> AttemptOutcome:
     def started(pgid: int) -> None:
         entries.append(sweeper.register(sweep_dir, pgid, os.getpid()))
 
@@ -80,21 +86,36 @@ async def _run(request: AttemptRequest, workdir: Path, payload: Mapping[str, Any
             os.write(log_fd, chunk[: STDERR_LIMIT - streamed])
             streamed += len(chunk)
 
-    log_fd = os.open(workdir / STDERR_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    log_fd = os.open(
+        workdir / STDERR_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644
+    )
     try:
         return await _run_with_ticker(request, workdir, payload, env, started, stream)
     finally:
         os.close(log_fd)
 
 
-async def _run_with_ticker(request: AttemptRequest, workdir: Path, payload: Mapping[str, Any], env: dict[str, str],
-                           started: Callable[[int], None], stream: Callable[[bytes], None]) -> AttemptOutcome:
+async def _run_with_ticker(
+    request: AttemptRequest,
+    workdir: Path,
+    payload: Mapping[str, Any],
+    env: dict[str, str],
+    started: Callable[[int], None],
+    stream: Callable[[bytes], None],
+) -> AttemptOutcome:
     async with anyio.create_task_group() as tg:
         tg.start_soon(_tick)
         outcome = await run_attempt(
-            request, workdir, pool=AttemptPool(1), job_id=str(payload["job_id"]),
-            timeout=float(payload["timeout"]), kill_grace=float(payload["kill_grace"]), env=env,
-            argv_prefix=payload.get("argv_prefix"), on_started=started, on_stderr=stream,
+            request,
+            workdir,
+            pool=AttemptPool(1),
+            job_id=str(payload["job_id"]),
+            timeout=float(payload["timeout"]),
+            kill_grace=float(payload["kill_grace"]),
+            env=env,
+            argv_prefix=payload.get("argv_prefix"),
+            on_started=started,
+            on_stderr=stream,
         )
         tg.cancel_scope.cancel()
     return outcome

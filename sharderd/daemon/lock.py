@@ -36,8 +36,9 @@ class StateLock:
                 f"another sharderd daemon{f' (pid {holder})' if holder else ''} already runs on state_dir "
                 f"{state_dir}: one daemon per state_dir and inbox",
                 hint="Stop it first (`systemctl stop sharderd`), or give this one its own inbox, outbox and "
-                     "state_dir. To add compile capacity, join more hosts as Ray workers instead ([cluster] "
-                     "in the README).") from None
+                "state_dir. To add compile capacity, join more hosts as Ray workers instead ([cluster] "
+                "in the README).",
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.path = path

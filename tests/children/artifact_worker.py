@@ -14,5 +14,7 @@ print("artifact worker: compiling", file=sys.stderr, flush=True)
 Path(request["artifact"]).write_bytes(b"popef:" + request["model"].encode() * 100)
 print("artifact worker: done", file=sys.stderr, flush=True)
 tmp = Path(result_path + ".tmp")
-tmp.write_text(json.dumps({"outcome": "ok", "message": "compiled", "artifact": request["artifact"]}))
+tmp.write_text(
+    json.dumps({"outcome": "ok", "message": "compiled", "artifact": request["artifact"]})
+)
 tmp.replace(result_path)
