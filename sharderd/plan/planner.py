@@ -21,7 +21,12 @@ from sharderd.plan.types import CutTensor, Plan, StageCost
 from sharderd.target import Target
 from sharderd.units import fmt_bytes
 
-__all__ = ["lower_bound", "plan_stages"]
+__all__ = ["LEVEL_ORDER_GAIN", "lower_bound", "plan_stages"]
+
+LEVEL_ORDER_GAIN = 0.01
+"""The level order replaces the file/depth-first plan only when it is this much faster: it exists
+for splits across parallel branches (often 10%+), and a hair's gain is not worth a stage boundary
+inside a block instead of at a layer's end."""
 
 
 def lower_bound(oc: OrderedCosts, devices: int) -> float:
@@ -126,14 +131,29 @@ def plan_stages(
         partition = solve(oc, caps, require_costed=require_costed)
         timings[f"solve.{name}"] = time.perf_counter() - t1
         tried[name] = None if partition is None else partition.bottleneck_s
+        gain = LEVEL_ORDER_GAIN if name == "level" else 1e-9
         if partition is not None and (
-            best is None or partition.bottleneck_s < best[0].bottleneck_s * (1 - 1e-9)
+            best is None or partition.bottleneck_s < best[0].bottleneck_s * (1 - gain)
         ):
             best = (partition, oc, name)
     if best is None:
         assert first_oc is not None
         proof = _infeasible_proof(analysis, target, devices, safety_margin, scale)
         if proof is not None:
+            if safety_margin > 1.0 and proof.min_devices is not None:
+                loose = target.memory_bytes / scale
+                for order in candidates.values():
+                    if solve(
+                        ordered_costs(analysis, target, order, compute_s),
+                        loose,
+                        require_costed=require_costed,
+                    ):
+                        proof.fits_without_margin = True
+                        proof.message += (
+                            f" Without the safety margin ({safety_margin:g}) a split does fit the estimate: "
+                            "`sharderd shard` with a compile backend tries it once."
+                        )
+                        break
             raise proof
         if memory_scale is not None:
             # Corrections learned from compiles rule these orders out; the compile search owns
