@@ -246,7 +246,8 @@ def test_input_read_inside_an_if_body_is_routed(
     if_node = next(n for n in graph.node if n.op_type == "If")
     assert stage_of["if"] > stage_of["mm0"]
     route = next(n for n in graph.node if n.name.startswith(ROUTE_PREFIX))
-    assert list(route.input) == ["x"] and stage_of[route.name] == stage_of["mm0"]
+    # on the first stage that reads x directly (the planner may put the ReduceSum before mm0)
+    assert list(route.input) == ["x"] and stage_of[route.name] == min(stage_of["mm0"], stage_of["sum"])
     inner_reads = {x for inner in _body_nodes(if_node) for x in inner.input}
     assert route.output[0] in inner_reads and "x" not in inner_reads
     for x in (np.full((2, 8), 0.5, np.float32), np.full((2, 8), -0.5, np.float32)):  # both branches
