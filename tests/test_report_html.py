@@ -147,7 +147,7 @@ def ipu_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def oom_run(ipu_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Run:
     """The fake compiler's code for Gather is far larger than predicted: device 0 runs out, then a re-plan fits."""
     tmp = tmp_path_factory.mktemp("oom")
-    return shard(tmp, ipu_model, IPU_CONFIG, 5, "--backend", "poprt", env=poprt_env(tmp, 4_000_000))
+    return shard(tmp, ipu_model, IPU_CONFIG, 5, "--backend", "poprt", env=poprt_env(tmp, 4_500_000))
 
 
 @pytest.fixture(scope="module")
