@@ -39,9 +39,12 @@ def constant_only_nodes(flow: Dataflow, base: np.ndarray) -> np.ndarray:
     return const
 
 
-def _sink_constants(flow: Dataflow, base: np.ndarray) -> np.ndarray:
-    """Emit constant-only nodes lazily, right before the first node that needs them."""
-    const = constant_only_nodes(flow, base)
+def _sink_constants(
+    flow: Dataflow, base: np.ndarray, const: np.ndarray, has_consumer: np.ndarray
+) -> np.ndarray:
+    """Emit constant-only nodes lazily, right before the first node that needs them.
+
+    ``const`` and ``has_consumer`` do not depend on the order: computed once for all orders."""
     if not const.any():
         return base
     emitted = np.zeros(flow.num_nodes, dtype=bool)
@@ -63,10 +66,6 @@ def _sink_constants(flow: Dataflow, base: np.ndarray) -> np.ndarray:
                 if p >= 0 and const[p] and not emitted[p]:
                     stack.append((p, False))
 
-    has_consumer = np.zeros(flow.num_nodes, dtype=bool)
-    for node in range(flow.num_nodes):
-        outs = flow.outputs(node)
-        has_consumer[node] = any(flow.cons_ptr[t + 1] > flow.cons_ptr[t] for t in outs.tolist())
     for node in base.tolist():
         if emitted[node]:
             continue
@@ -122,12 +121,17 @@ def level_order(flow: Dataflow) -> np.ndarray:
 def candidate_orders(flow: Dataflow) -> dict[str, np.ndarray]:
     """The orders to plan on, deduplicated (a chain has only one)."""
     orders: dict[str, np.ndarray] = {}
+    const = constant_only_nodes(flow, flow.topo_order)
+    readers = np.diff(flow.cons_ptr) > 0
+    has_consumer = np.zeros(flow.num_nodes, dtype=bool)
+    node_of_out = np.repeat(np.arange(flow.num_nodes), np.diff(flow.out_ptr))
+    np.logical_or.at(has_consumer, node_of_out, readers[flow.out_idx])
     for name, base in (
         ("file", flow.topo_order),
         ("depth_first", depth_first_order(flow)),
         ("level", level_order(flow)),
     ):
-        order = _sink_constants(flow, base)
+        order = _sink_constants(flow, base, const, has_consumer)
         if not any(np.array_equal(order, seen) for seen in orders.values()):
             orders[name] = order
     return orders
