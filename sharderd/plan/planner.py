@@ -221,6 +221,7 @@ def _least_overfull(
     lo, hi = 1.0, 2.0
     while solve(oc, caps * hi, require_costed=require_costed) is None:
         lo, hi = hi, hi * 2
+        assert hi < 2.0**80, "some split of an order fits once the caps are large enough"
     for _ in range(30):
         mid = (lo + hi) / 2
         if solve(oc, caps * mid, require_costed=require_costed) is None:
@@ -376,7 +377,8 @@ def _infeasible_exact(
     n = analysis.flow.num_nodes
     costed = (analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)
     needed = None
-    for more in range(devices + 1, n + 1):
+    floor = memory_floor(analysis, target).min_devices(target.memory_bytes / (margin * typical))
+    for more in range(max(devices + 1, floor), n + 1):
         caps = np.full(more, target.memory_bytes / (margin * typical))
         found = solve_ideals(
             analysis, target, compute_s, reference, caps, require_costed=int(costed.sum()) >= more
