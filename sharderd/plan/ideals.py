@@ -28,6 +28,8 @@ MAX_NODES = 63
 MAX_IDEALS = 4096
 """Every DAG of up to 12 nodes has at most 2^12 ideals, so those are always solved exactly."""
 MAX_PAIRS = 600_000
+MAX_WORK = 300_000_000
+"""Nested pairs × nodes × tensors: the memory evaluation's element operations (~1 s at this size)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,16 +129,18 @@ def solve_ideals(
     ]
 
     subs: list[np.ndarray] = []
-    mems: list[np.ndarray] = []
     pairs = 0
     for j in range(m):
-        jm = masks[j]
-        sub = np.flatnonzero((masks & jm) == masks)
-        sub = sub[sub != j]
-        pairs += len(sub)
+        sub = np.flatnonzero((masks & masks[j]) == masks)
+        subs.append(sub[sub != j])
+        pairs += len(subs[-1])
         if pairs > MAX_PAIRS:
             return None
-        subs.append(sub)
+    if pairs * n * max(len(t_ids), 1) > MAX_WORK:
+        return None
+    mems: list[np.ndarray] = []
+    for j in range(m):
+        jm, sub = masks[j], subs[j]
         mems.append(
             _stage_memory(
                 masks[sub],
