@@ -523,7 +523,8 @@ def test_bad_options_and_too_few_devices_are_invalid(model_path: Callable[..., P
     other = attempt(model, 3, reference_model=str(model_path("cnn")))
     assert (
         other.outcome == "invalid"
-        and "needs inputs the sharded model does not have: ['image']" in other.message
+        and "has inputs the sharded model does not have: ['image']" in other.message
+        and other.cause == "verification"
     )
     wrong_type = attempt(model, 3, rtol="tight")
     assert wrong_type.outcome == "invalid" and wrong_type.message.startswith("onnxruntime options:")

@@ -7,7 +7,7 @@ catches, so a verdict (``invalid``, ``oom``) is decided where the cause is known
 
 from __future__ import annotations
 
-from sharderd.backends.protocol import OomInfo, Outcome
+from sharderd.backends.protocol import Cause, OomInfo, Outcome
 
 __all__ = ["AttemptFailure", "error_text"]
 
@@ -15,11 +15,14 @@ __all__ = ["AttemptFailure", "error_text"]
 class AttemptFailure(Exception):
     """Ends an attempt with ``outcome``; caught in ``run_attempt`` only."""
 
-    def __init__(self, outcome: Outcome, message: str, oom: OomInfo | None = None) -> None:
+    def __init__(
+        self, outcome: Outcome, message: str, oom: OomInfo | None = None, cause: Cause | None = None
+    ) -> None:
         super().__init__(message)
         self.outcome: Outcome = outcome
         self.message = message
         self.oom = oom
+        self.cause: Cause | None = cause
 
 
 def error_text(exc: Exception) -> str:

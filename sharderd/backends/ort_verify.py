@@ -1,8 +1,9 @@
 """Check the stages' outputs against the unsharded model run on the same inputs.
 
-Integers, bools and strings must be equal; floats within ``rtol``/``atol``. The reference runs
-from the annotated file with its annotations stripped: onnxruntime's fusions copy them onto
-fused nodes and then refuse the model, so no session here ever sees them.
+Integers, bools and strings must be equal; floats within ``rtol``/``atol``. The reference is the
+user's input file (the prover always passes it), run on the same inputs at the same shapes, so a
+fault in annotating or writing the sharded model fails here. Any annotations it carries are
+stripped first: onnxruntime's fusions copy them onto fused nodes and then refuse the model.
 """
 
 from __future__ import annotations
@@ -57,8 +58,20 @@ def reference_outputs(
         if missing:
             raise AttemptFailure(
                 "invalid",
-                f"the reference model {path.name} needs inputs the sharded model does not have: {missing}",
+                f"verification failed: the input model {path.name} has inputs the sharded model does not have: {missing}",
+                cause="verification",
             )
+        for arg in session.session.get_inputs():
+            feed = np.shape(feeds[arg.name])
+            declared = list(arg.shape)
+            fixed = [(k, d) for k, d in enumerate(declared) if isinstance(d, int) and d > 0]
+            if len(declared) != len(feed) or any(feed[k] != d for k, d in fixed):
+                raise AttemptFailure(
+                    "invalid",
+                    f"verification failed: input {arg.name!r} is {list(feed)} in the sharded model "
+                    f"but {declared} in the input model {path.name}",
+                    cause="verification",
+                )
         names = [o.name for o in session.session.get_outputs()]
         values = session.run(names, {name: feeds[name] for name in inputs})
     except AttemptFailure:

@@ -15,11 +15,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from sharderd.plan.oom import OomInfo, OomKind
+
 __all__ = [
     "OUTCOMES",
     "AttemptOutcome",
     "AttemptRequest",
     "BenchmarkResult",
+    "Cause",
     "OomInfo",
     "OomKind",
     "Outcome",
@@ -27,23 +30,9 @@ __all__ = [
 
 Outcome = Literal["ok", "oom", "invalid", "crashed", "timeout", "cancelled"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "oom", "invalid", "crashed", "timeout", "cancelled")
-
-OomKind = Literal["tile", "variables", "code", "exchange", "stream"]
-
-
-@dataclass(frozen=True, slots=True)
-class OomInfo:
-    """What an out-of-memory failure told us. Fields are None when the text has no number."""
-
-    kind: OomKind
-    """``tile``: "Out of memory on tile T: U bytes used..."; ``variables``: the numberless form."""
-    device: int | None = None
-    tile: int | None = None
-    """Global tile index as Poplar prints it."""
-    bytes_used: int | None = None
-    """Total bytes on that tile (not the excess)."""
-    tile_bytes: int | None = None
-    """Tile capacity as printed (638976 on Mk2)."""
+Cause = Literal["verification", "compiler", "setup"]
+"""``verification``: the stages disagree with the input model; ``compiler``: the backend refused
+the model; ``setup``: the backend itself is missing or misconfigured."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +63,11 @@ class AttemptRequest:
     warmup: int = 20
     runs: int = 200
     batch_size: int = 1
+    precision: str = "fp32"
+    """The planned precision (``fp32``/``fp16``): poprt converts to it, onnxruntime picks its
+    verification tolerances by it."""
+    input_shapes: Mapping[str, list[int]] | None = None
+    """The planned static input shapes by input name; None: the model's own."""
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1, sort_keys=True), encoding="utf-8")
@@ -98,6 +92,8 @@ class AttemptOutcome:
     duration_s: float = 0.0
     details: Mapping[str, Any] | None = None
     """Backend-specific results as plain JSON data (e.g. onnxruntime's verification and profile)."""
+    cause: Cause | None = None
+    """Why an ``invalid`` outcome is invalid, as a type the search acts on (never message text)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

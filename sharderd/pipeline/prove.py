@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from sharderd.backends.attempt import run_attempt
 from sharderd.backends.pool import AttemptPool
@@ -33,7 +33,17 @@ from sharderd.errors import (
     VerificationError,
 )
 from sharderd.pipeline.session import PlanRequest, PlanSession
-from sharderd.plan.search import SYSTEMIC_SPREAD, AttemptKey, Correction, corrected_scale, escalate
+from sharderd.plan.search import (
+    AttemptKey,
+    Correction,
+    Observation,
+    SearchState,
+    amp_retry,
+    hypothesis_scales,
+    learn,
+    observe,
+    stage_views,
+)
 from sharderd.target import Target
 from sharderd.units import fmt_bytes
 
@@ -62,6 +72,8 @@ class AttemptRecord:
     measured_times: Mapping[str, float] | None = None
     """Node times the plan was made with (``cost_model = "measured"``), else None."""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    cancelled_because: str | None = None
+    """Why the attempt was stopped before it finished (a better plan compiled, the job stopped)."""
 
     @property
     def predicted_s(self) -> float:
@@ -93,7 +105,7 @@ class AttemptRecord:
             "cost_model": "measured" if self.measured_times else "analytic",
             "outcome": out.outcome if out else "cancelled",
             "duration_s": out.duration_s if out else 0.0,
-            "message": out.message if out else "cancelled: a better plan compiled first",
+            "message": out.message if out else f"cancelled: {self.cancelled_because or 'the job stopped before it finished'}",
         }
         if out is not None:
             data["oom"] = None if out.oom is None else {
@@ -159,6 +171,9 @@ class Prover:
         optimal_perf: bool = False,
         env: Mapping[str, str] | None = None,
         argv_prefix: list[str] | None = None,
+        reference_model: Path | None = None,
+        precision: str = "fp32",
+        input_shapes: Mapping[str, list[int]] | None = None,
     ) -> None:
         self.session = session
         self.backend = backend
@@ -178,42 +193,58 @@ class Prover:
         self.optimal_perf = optimal_perf
         self.env = env
         self.argv_prefix = argv_prefix
+        self.reference_model = reference_model
+        """The user's own file: the onnxruntime backend checks the stages against it."""
+        self.precision = precision
+        self.input_shapes = dict(input_shapes) if input_shapes else None
         self.margin = config.plan.safety_margin
-        self.scale: tuple[float, ...] = (1.0,) * devices
         self.default_amp = config.poprt.available_memory_proportion if backend == "poprt" else 0.0
+        self.state = SearchState(devices, self.margin, self.default_amp)
+        """What the compiles taught (``plan.search``): the policy's input, replaced, never mutated."""
         self.attempts: list[AttemptRecord] = []
-        self.tried: set[AttemptKey] = set()
         self.running: dict[int, AttemptRecord] = {}
         self.need_base = True
         self.spec_margins = list(config.search.speculative_margins)
-        self.amp_queue: list[tuple[AttemptRecord, float]] | None = None
+        self.hypothesis_pending = False
         self.perf_variants: list[tuple[float, tuple[str, ...] | None]] | None = None
-        self.last_oom_device: int | None = None
-        self.oom_devices: set[int] = set()
-        self.observations: dict[int, list[tuple[float, float]]] = {}
         self.infeasible: PlanInfeasibleError | None = None
+        """Set once "does not fit" is settled: the model as measured has no split either."""
+        self.settle_note = ""
         self.fatal: SharderdError | None = None
         self.done = False
+        self.stop_reason: str | None = None
+        """Set by whoever cancels the job (user cancel, shutdown) so stopped attempts say why."""
         self.calibrate = config.plan.cost_model == "measured" and backend == "onnxruntime"
         self.calibrate_pending = False
         self.measured_times: Mapping[str, float] | None = None
 
+    @property
+    def scale(self) -> tuple[float, ...]:
+        return self.state.scales()
+
+    @property
+    def tried(self) -> frozenset[AttemptKey]:
+        return self.state.tried
+
     # -- planning --------------------------------------------------------------------------
 
-    def _request(self, margin: float, scale: tuple[float, ...], orders: tuple[str, ...] | None, write_dir: str | None) -> PlanRequest:
+    def _request(self, margin: float, scale: tuple[float, ...], orders: tuple[str, ...] | None, write_dir: str | None, devices: int | None = None) -> PlanRequest:
         return PlanRequest(
-            self.devices, margin, scale, orders, write_dir=write_dir, stem=self.stem, measured_times=self.measured_times
+            devices or self.devices, margin, scale, orders, write_dir=write_dir, stem=self.stem, measured_times=self.measured_times
         )
 
     async def _plan(self, *, margin: float, scale: tuple[float, ...], orders: tuple[str, ...] | None, amp: float) -> tuple[dict[str, Any], tuple[float, ...]] | None:
         """A plan whose (digest, amp) was never tried, escalating the last correction if needed."""
+        state = self.state
         for _ in range(_MAX_ESCALATIONS):
             result = await self.session.plan(self._request(margin, scale, orders, None))
             if AttemptKey(result["plan"]["digest"], amp) not in self.tried:
+                self.state = state
                 return result, scale
             if orders is not None or margin != self.margin:
                 return None  # a variant that reproduces a tried split adds nothing
-            scale = escalate(scale, self.last_oom_device)
+            state = state.escalate(state.last_oom_device())
+            scale = state.scales()
         return None
 
     async def _candidate(self, label: str, margin: float, scale: tuple[float, ...], orders: tuple[str, ...] | None, amp: float) -> AttemptRecord | None:
@@ -267,26 +298,21 @@ class Prover:
             try:
                 record = await self._candidate(label, self.margin, self.scale, None, self.default_amp)
             except PlanInfeasibleError as err:
-                self.infeasible = err
                 record = None
-                if err.fits_without_margin and self.margin > 1.0:
+                if err.fits_without_margin and self.margin > 1.0 and not self.state.observations:
                     # Only the margin rules it out: the compiler, not the prior, should decide.
                     self.margin = 1.0
+                    self.state = replace(self.state, margin=1.0)
                     self.spec_margins = []
                     self.need_base = True
-                    self.infeasible = None
                     return await self._next()
-            if record is not None:
-                self.scale = record.scale
-                return record
-        if self.infeasible is None and self.spec_margins and not self._any_ok():
-            margin = self.spec_margins.pop(0)
-            try:
-                record = await self._candidate(f"speculative margin {margin:g}", margin, self.scale, None, self.default_amp)
-            except PlanInfeasibleError:
-                record = None
+                record = await self._verdict_check(err)
             if record is not None:
                 return record
+        if self.infeasible is None and not self._any_ok():
+            spec = await self._speculative()
+            if spec is not None:
+                return spec
         if self.optimal_perf and self._any_ok():
             return await self._perf_variant()
         amp_running = any(a.key.amp != self.default_amp for a in self.running.values())
@@ -294,30 +320,94 @@ class Prover:
             return self._amp_retry()  # one at a time: a higher proportion that compiles runs faster
         return None
 
-    def _amp_retry(self) -> AttemptRecord | None:
-        if self.amp_queue is None:
-            ooms = [a for a in self.attempts if a.outcome is not None and a.outcome.outcome == "oom"]
-            ooms.sort(key=lambda a: a.outcome.oom.bytes_used or math.inf if a.outcome and a.outcome.oom else math.inf)
-            best = ooms[:1]
-            self.amp_queue = [(a, amp) for a in best for amp in self.config.search.amp_fallbacks]
-        while self.amp_queue:
-            base, amp = self.amp_queue.pop(0)
-            key = AttemptKey(base.key.digest, amp)
-            if key in self.tried:
-                continue
-            index = len(self.attempts)
-            return AttemptRecord(
-                index=index,
-                label=f"available_memory_proportion {amp:g}",
-                key=key,
-                margin=base.margin,
-                scale=base.scale,
-                orders=base.orders,
-                plan=base.plan,
-                files=base.files,
-                directory=base.directory.parent / f"attempt-{index}",
-            )
+    async def _speculative(self) -> AttemptRecord | None:
+        """A variant for a free pool slot: a larger margin before any OOM, the systemic guess after."""
+        if self.hypothesis_pending:
+            self.hypothesis_pending = False
+            guess = hypothesis_scales(self.state.model(), self.margin)
+            if guess is not None:
+                try:
+                    record = await self._candidate("speculative: every device as corrected as the worst", self.margin, guess, None, self.default_amp)
+                except PlanInfeasibleError:
+                    record = None
+                if record is not None:
+                    return record
+        if self.spec_margins and not self.state.observations:
+            margin = self.spec_margins.pop(0)
+            try:
+                record = await self._candidate(f"speculative margin {margin:g}", margin, self.scale, None, self.default_amp)
+            except PlanInfeasibleError:
+                record = None
+            if record is not None:
+                return record
         return None
+
+    async def _verdict_check(self, err: PlanInfeasibleError) -> AttemptRecord | None:
+        """The corrected model has no split: is that true of every model the compiles allow?
+
+        Without any compile the planner's own proof stands. Otherwise plan with the model exactly
+        as measured (``SearchState.estimate``: no margin, no headroom): no split there settles
+        "does not fit"; a split there is compiled, because the verdict would rest on the margin.
+        """
+        if not self.state.observations:
+            self.infeasible = err
+            return None
+        estimate = self.state.estimate()
+        try:
+            planned = await self._plan(margin=1.0, scale=estimate, orders=None, amp=self.default_amp)
+        except PlanInfeasibleError as settled:
+            self.infeasible = settled
+            return None
+        if planned is None:  # its split was compiled already and ran out of memory
+            self.infeasible = err
+            return None
+        return await self._candidate("verdict check: the model as measured, no margin", 1.0, estimate, None, self.default_amp)
+
+    def _amp_retry(self) -> AttemptRecord | None:
+        """At most one lower ``available_memory_proportion`` per level, and only when its share can close the gap."""
+        ooms = [
+            (o, a)
+            for a in self.attempts
+            for o in self.state.observations
+            if o.attempt == a.index and not o.fits and a.outcome is not None and a.outcome.outcome == "oom"
+        ]
+        if not ooms:
+            return None
+        tried_amps = sorted({a.key.amp for _, a in ooms}, reverse=False)
+        lowest = tried_amps[0]
+        at_lowest = [(o, a) for o, a in ooms if a.key.amp == lowest]
+        observation, base = min(at_lowest, key=lambda pair: pair[0].measured if pair[0].measured is not None else math.inf)
+        amp = amp_retry(observation, lowest, self.config.search.amp_fallbacks)
+        if amp is None:
+            if not self.settle_note:
+                self.settle_note = self._amp_note(observation)
+            return None
+        key = AttemptKey(base.key.digest, amp)
+        if key in self.tried:
+            return None
+        index = len(self.attempts)
+        return AttemptRecord(
+            index=index,
+            label=f"available_memory_proportion {amp:g}",
+            key=key,
+            margin=base.margin,
+            scale=base.scale,
+            orders=base.orders,
+            plan=base.plan,
+            files=base.files,
+            directory=base.directory.parent / f"attempt-{index}",
+        )
+
+    def _amp_note(self, observation: Observation) -> str:
+        if observation.stage is None or observation.measured is None:
+            return ""
+        lowest = min(self.config.search.amp_fallbacks, default=observation.amp)
+        share = observation.stage.activation_share * (1 - lowest / observation.amp) if observation.amp else 0.0
+        return (
+            f"; a lower available_memory_proportion was not tried: the conv/matmul temporaries it bounds are at most "
+            f"{share * 100:.0f}% of device {observation.stage.device}'s worst tile even at {lowest:g}, "
+            f"the gap is {(observation.measured - 1) / observation.measured * 100:.0f}%"
+        )
 
     async def _perf_variant(self) -> AttemptRecord | None:
         if self.perf_variants is None:
@@ -332,7 +422,7 @@ class Prover:
         while self.perf_variants:
             margin, orders = self.perf_variants.pop(0)
             try:
-                record = await self._candidate("optimal-perf variant", margin, self.scale, orders, self.default_amp)
+                record = await self._candidate("optimal-perf variant", margin, self.state.scales(), orders, self.default_amp)
             except PlanInfeasibleError:
                 continue
             if record is None:
@@ -358,6 +448,19 @@ class Prover:
     def _handle(self, record: AttemptRecord, outcome: AttemptOutcome) -> None:
         record.outcome = outcome
         kind = outcome.outcome
+        if kind in ("ok", "oom") and (kind == "ok" or outcome.oom is not None):
+            views = stage_views(record.plan, self.target.memory_bytes)
+            new = observe(
+                record.index,
+                views,
+                kind="ok" if kind == "ok" else "oom",
+                amp=record.key.amp,
+                oom=outcome.oom,
+                tile_bytes=self.target.bytes_per_tile,
+                device_memory=outcome.device_memory,
+                device_capacity=self.target.memory_bytes,
+            )
+            self.state, record.correction = learn(self.state, record.key, new)
         if kind == "ok":
             times = (outcome.details or {}).get("node_times_s")
             if self.calibrate and self.measured_times is None and times:
@@ -368,33 +471,11 @@ class Prover:
             if not self.optimal_perf and not better_running and not self.calibrate_pending:
                 self.done = True
         elif kind == "oom" and outcome.oom is not None:
-            predicted = [int(s["memory_bytes"]) for s in record.plan["stages"]]
-            device = outcome.oom.device
-            history = self.observations.get(device, []) if device is not None else []
-            if device is not None:
-                self.oom_devices.add(device)
-            correction = corrected_scale(
-                record.scale,
-                outcome.oom,
-                predicted,
-                self.target.memory_bytes,
-                self.target.bytes_per_tile,
-                margin=record.margin,
-                spread=SYSTEMIC_SPREAD if len(self.oom_devices) > 1 else 0.0,
-                history=history,
-            )
-            if device is not None and correction.measured_fraction is not None and correction.predicted_fraction:
-                self.observations.setdefault(device, []).append(
-                    (correction.predicted_fraction, correction.measured_fraction)
-                )
-            record.correction = correction
-            self.scale = tuple(max(a, b) for a, b in zip(self.scale, correction.after, strict=True))
-            self.last_oom_device = correction.device
-            if record.key.amp == self.default_amp:
+            if record.key.amp == self.default_amp and self.infeasible is None:
                 self.need_base = True
-                self.spec_margins = list(self.config.search.speculative_margins)
+                self.hypothesis_pending = True
         elif kind == "invalid":
-            if "verification failed" in outcome.message:
+            if outcome.cause == "verification":
                 self.fatal = VerificationError(outcome.message)
             elif not self._any_ok():
                 self.fatal = CompileFailedError(
@@ -423,12 +504,17 @@ class Prover:
                 amp=record.key.amp if self.backend == "poprt" else None,
                 profile=self.calibrate and self.measured_times is None,
                 stages_dir=str(record.directory / "stages"),
+                reference_model=self.reference_model,
+                precision=self.precision,
+                input_shapes=self.input_shapes,
             ),
             tiles_per_device=self.target.tiles,
             benchmark=self.optimal_perf or self.backend == "onnxruntime",
             warmup=self.config.poprt.benchmark_warmup,
             runs=self.config.poprt.benchmark_runs,
             batch_size=self.config.plan.batch_size,
+            precision=self.precision,
+            input_shapes=self.input_shapes,
         )
         record.directory.mkdir(parents=True, exist_ok=True)
         async with send:
@@ -456,7 +542,7 @@ class Prover:
 
     def _start(self, tg: TaskGroup, record: AttemptRecord, send: MemoryObjectSendStream[tuple[AttemptRecord, AttemptOutcome]]) -> None:
         self.attempts.append(record)
-        self.tried.add(record.key)
+        self.state = replace(self.state, tried=self.state.tried | {record.key})
         self.running[record.index] = record
         self.emit(
             "attempt.started",
@@ -467,6 +553,24 @@ class Prover:
 
     async def run(self) -> ProveResult:
         send, receive = anyio.create_memory_object_stream[tuple[AttemptRecord, AttemptOutcome]](math.inf)
+        failure: SharderdError | None = None
+        try:
+            await self._loop(send, receive)
+        except anyio.get_cancelled_exc_class():
+            for other in self.running.values():
+                other.cancelled_because = self.stop_reason or "the job was cancelled (sharderd cancel, or the daemon stopping)"
+            raise
+        except _PlanningFailed as failed:
+            failure = failed.error
+        if failure is not None:
+            raise failure
+        return await self._result()
+
+    async def _loop(
+        self,
+        send: MemoryObjectSendStream[tuple[AttemptRecord, AttemptOutcome]],
+        receive: MemoryObjectReceiveStream[tuple[AttemptRecord, AttemptOutcome]],
+    ) -> None:
         failure: SharderdError | None = None
         async with send, receive, anyio.create_task_group() as tg:
             while True:
@@ -481,6 +585,7 @@ class Prover:
                     # as itself, not wrapped in the task group's exception group.
                     failure = err
                     for other in self.running.values():
+                        other.cancelled_because = f"planning failed: {err.message}"
                         other.scope.cancel()
                     self.running.clear()
                     break
@@ -502,22 +607,29 @@ class Prover:
                 )
                 if self.done:
                     for other in self.running.values():
+                        other.cancelled_because = f"attempt {record.index} compiled first and no running attempt can beat it"
                         other.scope.cancel()
                     self.running.clear()
                     break
         if failure is not None:
-            raise failure
-        return self._result()
+            raise _PlanningFailed(failure)
 
-    def _result(self) -> ProveResult:
+    async def _result(self) -> ProveResult:
         best = self._best_ok()
         if best is not None:
             return ProveResult(best, tuple(self.attempts))
         if self.fatal is not None:
             raise self.fatal
         ooms = [a for a in self.attempts if a.outcome is not None and a.outcome.outcome == "oom"]
-        if ooms or self.infeasible is not None:
-            raise self._does_not_fit(ooms)
+        if self.infeasible is not None:
+            raise await self._does_not_fit(ooms)
+        if ooms:
+            raise CompileFailedError(
+                f"no plan fitted in {len(self.attempts)} compile(s) on {self.devices} × {self.target.name} "
+                f"({len(ooms)} ran out of memory); the corrected model still allows splits, so this is not "
+                "a proof that the model does not fit",
+                hint=f"rerun with --max-attempts {self.max_attempts * 2} or --devices {self.devices + 1}",
+            )
         outcomes = ", ".join(f"#{a.index} {a.outcome.outcome if a.outcome else 'cancelled'}" for a in self.attempts)
         last = next((a.outcome for a in reversed(self.attempts) if a.outcome is not None), None)
         detail = ""
@@ -528,27 +640,57 @@ class Prover:
             hint="see report.json attempts[] for each outcome; raise attempt_timeout if compiles time out",
         )
 
-    def _does_not_fit(self, ooms: list[AttemptRecord]) -> PlanInfeasibleError:
+    async def _does_not_fit(self, ooms: list[AttemptRecord]) -> PlanInfeasibleError:
+        """The settled verdict, from the model that settled it: never a count that contradicts it."""
+        assert self.infeasible is not None
         if not ooms:
-            assert self.infeasible is not None
-            return self.infeasible
+            return self.infeasible  # the planner's own proof, before any compile
         worst = ooms[-1]
         oom = worst.outcome.oom if worst.outcome else None
         device = oom.device if oom else None
         over = ""
         if oom is not None and oom.bytes_used is not None and self.target.bytes_per_tile:
             over = f" (worst tile {fmt_bytes(oom.bytes_used)} of {fmt_bytes(oom.tile_bytes or self.target.bytes_per_tile)})"
-        base = f"the model does not fit on {self.devices} × {self.target.name}: {len(self.attempts)} compile(s) ran out of memory"
+        base = f"the model does not fit on {self.devices} × {self.target.name}: {len(ooms)} compile(s) ran out of memory"
         where = f", last on device {device}{over}" if device is not None else ""
-        why = ""
-        min_devices = None
-        if self.infeasible is not None:
-            why = f"; with the corrections learned from them no split fits: {self.infeasible.message}"
-            min_devices = self.infeasible.min_devices
+        settled = self.infeasible
+        short = ""
+        if settled.device is not None and settled.short_bytes is not None and settled.short_bytes > 0:
+            short = f": device {settled.device} would be short by {fmt_bytes(settled.short_bytes)}"
+        why = (
+            "; no split fits the memory model that reproduces every compile, even without a safety margin"
+            + short
+        )
+        min_devices = await self._fewest_devices()
+        more = f" Under that correction {min_devices} devices have a split." if min_devices else ""
+        hint = (
+            f"rerun with --devices {min_devices}" if min_devices
+            else "use more devices or a smaller batch"
+        )
         return PlanInfeasibleError(
-            base + where + why,
-            hint="use more devices, a smaller batch, or a larger available_memory_proportion budget",
+            base + where + why + self.settle_note + "." + more,
+            hint=hint,
             device=device,
-            short_bytes=None if self.infeasible is None else self.infeasible.short_bytes,
+            short_bytes=settled.short_bytes,
             min_devices=min_devices,
         )
+
+    async def _fewest_devices(self, extra: int = 8) -> int | None:
+        """The fewest devices above the requested count with a split under the measured model."""
+        estimate = self.state.estimate()
+        for devices in range(self.devices + 1, self.devices + extra + 1):
+            scale = (*estimate, *(1.0,) * (devices - self.devices))
+            try:
+                await self.session.plan(self._request(1.0, scale, None, None, devices))
+            except PlanInfeasibleError:
+                continue
+            return devices
+        return None
+
+
+class _PlanningFailed(Exception):
+    """Carries a planning error out of the task group, so it surfaces as itself."""
+
+    def __init__(self, error: SharderdError) -> None:
+        super().__init__(error.message)
+        self.error = error
