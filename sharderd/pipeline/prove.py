@@ -229,8 +229,11 @@ class Prover:
     # -- planning --------------------------------------------------------------------------
 
     def _request(self, margin: float, scale: tuple[float, ...], orders: tuple[str, ...] | None, write_dir: str | None, devices: int | None = None) -> PlanRequest:
+        # No correction learned yet: say so (None), so the planner returns its least overfull split
+        # for a compile to decide instead of refusing without a proof.
+        learned = None if all(x == 1.0 for x in scale) else scale
         return PlanRequest(
-            devices or self.devices, margin, scale, orders, write_dir=write_dir, stem=self.stem, measured_times=self.measured_times
+            devices or self.devices, margin, learned, orders, write_dir=write_dir, stem=self.stem, measured_times=self.measured_times
         )
 
     async def _plan(self, *, margin: float, scale: tuple[float, ...], orders: tuple[str, ...] | None, amp: float) -> tuple[dict[str, Any], tuple[float, ...]] | None:
