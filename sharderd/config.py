@@ -138,6 +138,10 @@ class OrtConfig:
     """Relative tolerance when comparing float outputs with the unsharded model."""
     atol: float = 1e-4
     """Absolute tolerance for the same comparison (integers and bools must match exactly)."""
+    fp16_rtol: float = 1e-2
+    """Relative tolerance when the stages run at fp16 (``plan.precision``) against the fp32 original."""
+    fp16_atol: float = 1e-2
+    """Absolute tolerance for the same fp16 comparison."""
     warmup: int = 3
     """Untimed runs per stage before measuring."""
     runs: int = 20

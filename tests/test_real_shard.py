@@ -279,3 +279,28 @@ def test_sidecar_plan_keys_are_validated_with_the_plan_rules(tmp_path: Path) -> 
     options = load_sidecar(path, DaemonConfig())
     plan = options.plan_config(PlanConfig(dims={"other": 3}))
     assert dict(plan.dims) == {"other": 3, "sequence": 16} and plan.batch_size == 2
+
+
+def test_a_fault_in_writing_the_sharded_model_fails_verification(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The production path compares the stages with the user's own file: a writer that changes one
+    weight (a bug in annotate or write) is caught, exit 1, 'verification failed'."""
+    import onnx.numpy_helper
+
+    from sharderd import engine
+
+    real_write = engine.write_model
+
+    def corrupting_write(model: onnx.ModelProto, path: Path) -> None:
+        biggest = max(model.graph.initializer, key=lambda t: len(t.raw_data))
+        value = onnx.numpy_helper.to_array(biggest).copy()
+        value.flat[0] += 1.0
+        biggest.CopyFrom(onnx.numpy_helper.from_array(value, biggest.name))
+        real_write(model, path)
+
+    monkeypatch.setattr(engine, "write_model", corrupting_write)
+    out = tmp_path / "out"
+    args = ["shard", str(DATA / "tiny_vit" / "model.onnx"), "--devices", "2", "--backend", "onnxruntime"]
+    assert cli_main([*args, "-o", str(out)]) == 1
+    assert "verification failed" in capsys.readouterr().err

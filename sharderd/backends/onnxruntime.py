@@ -73,17 +73,21 @@ def run_attempt(request: AttemptRequest) -> AttemptOutcome:
     try:
         import onnxruntime
     except ImportError:
-        return AttemptOutcome("invalid", message=NOT_INSTALLED)
+        return AttemptOutcome("invalid", message=NOT_INSTALLED, cause="setup")
     details: dict[str, Any] = {}
     try:
         options = OrtOptions.from_request(request)
         return _attempt(onnxruntime, request, options, details)
     except AttemptFailure as failure:
         return AttemptOutcome(
-            failure.outcome, message=failure.message, oom=failure.oom, details=details
+            failure.outcome,
+            message=failure.message,
+            oom=failure.oom,
+            details=details,
+            cause=failure.cause or ("compiler" if failure.outcome == "invalid" else None),
         )
     except SharderdError as err:
-        return AttemptOutcome("invalid", message=str(err), details=details)
+        return AttemptOutcome("invalid", message=str(err), details=details, cause="setup")
 
 
 def _attempt(
@@ -122,7 +126,13 @@ def _attempt(
     )
 
     sessions = [] if options.low_memory else [runner.create(s) for s in stages]
-    feeds = make_inputs(model, batch_size=options.batch_size, dims=options.dims, seed=options.seed)
+    feeds = make_inputs(
+        model,
+        batch_size=options.batch_size,
+        dims=options.dims,
+        seed=options.seed,
+        input_shapes=options.input_shapes,
+    )
     details["inputs"] = {
         name: {"shape": list(a.shape), "dtype": str(a.dtype)} for name, a in feeds.items()
     }
@@ -149,7 +159,7 @@ def _attempt(
         details["verification"] = verification_details(checks, options)
         failed = describe_failures(checks, options)
         if failed:
-            raise AttemptFailure("invalid", failed)
+            raise AttemptFailure("invalid", failed, cause="verification")
         worst = max((c.max_abs for c in checks), default=0.0)
         message += f"; verified {len(checks)} output(s), max abs error {worst:.2g}"
 

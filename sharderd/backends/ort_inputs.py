@@ -7,7 +7,7 @@ below the dim they index.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -36,7 +36,12 @@ _SMALL_INT = 4
 
 
 def make_inputs(
-    model: onnx.ModelProto, *, batch_size: int, dims: Mapping[str, int], seed: int
+    model: onnx.ModelProto,
+    *,
+    batch_size: int,
+    dims: Mapping[str, int],
+    seed: int,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, np.ndarray]:
     """Seeded values for every graph input, in range for what reads them.
 
@@ -57,7 +62,8 @@ def make_inputs(
                 f"graph input {value.name!r} is not a tensor; cannot generate values for it"
             )
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
-        shape = _input_shape(value, batch_size, dims)
+        planned = (input_shapes or {}).get(value.name)
+        shape = tuple(planned) if planned is not None else _input_shape(value, batch_size, dims)
         if "mask" in value.name.lower() and dtype.kind in "biuf":
             feeds[value.name] = rng.integers(0, 2, shape).astype(dtype)
         elif dtype.kind == "b":
@@ -130,7 +136,7 @@ def _input_shape(
             label = repr(dim.dim_param) if dim.dim_param else "unnamed"
             raise ModelInvalidError(
                 f"graph input {value.name!r}: dim {axis} ({label}) is symbolic",
-                hint="give it a value in [plan.dims]",
+                hint="give it a value with --dim NAME=N or --input-shape (plan.dims, plan.input_shapes)",
             )
     return tuple(shape)
 

@@ -9,7 +9,13 @@ from typing import Any
 from sharderd.backends.protocol import AttemptRequest
 from sharderd.errors import ConfigError
 
-__all__ = ["OPTIMIZATION_LEVELS", "OrtOptions"]
+__all__ = ["OPTIMIZATION_LEVELS", "TOLERANCES", "OrtOptions"]
+
+TOLERANCES: Mapping[str, tuple[float, float]] = {
+    "fp32": (1e-3, 1e-4),
+    "fp16": (1e-2, 1e-2),
+}
+"""Default (rtol, atol) by the request's precision, used when the options give none."""
 
 OPTIMIZATION_LEVELS: Mapping[str, str] = {
     "off": "ORT_DISABLE_ALL",
@@ -28,7 +34,8 @@ class OrtOptions:
     reference_providers: tuple[str, ...] = ("CPUExecutionProvider",)
     """Where the unsharded reference runs; the CPU by default, so it takes no device memory."""
     reference_model: str | None = None
-    """The model the stages must agree with; default the annotated model itself."""
+    """The model the stages must agree with: the user's original file (the prover always sets
+    it); None, only for direct calls, checks against the sharded model itself."""
     rtol: float = 1e-3
     atol: float = 1e-4
     warmup: int = 3
@@ -55,6 +62,8 @@ class OrtOptions:
     write_stages_dir: str | None = None
     dims: Mapping[str, int] = field(default_factory=dict)
     """Values of named symbolic input dims; a leading unnamed one is the batch size."""
+    input_shapes: Mapping[str, list[int]] = field(default_factory=dict)
+    """The planned shape of each input (wins over ``dims``), for a model written with ``keep_dynamic``."""
     intra_op_threads: int = 0
     """Threads per stage session; 0: the CPU's cores shared out between the stages."""
     batch_size: int = 1
@@ -69,12 +78,15 @@ class OrtOptions:
             "measure": request.benchmark,
             "batch_size": request.batch_size,
         }
+        rtol, atol = TOLERANCES.get(request.precision, TOLERANCES["fp32"])
+        values.update(rtol=rtol, atol=atol)
         for key, value in request.options.items():
             if key not in known:
                 raise ConfigError(
                     f"unknown onnxruntime option {key!r} (known: {', '.join(sorted(known))})"
                 )
-            values[key] = value
+            if value is not None:
+                values[key] = value
         try:
             for key in ("providers", "reference_providers"):
                 if key in values:

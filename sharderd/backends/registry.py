@@ -6,7 +6,9 @@ Availability is checked without importing the backend (importing poprt loads Pop
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from sharderd.config import Config
@@ -52,8 +54,16 @@ def attempt_options(
     amp: float | None = None,
     profile: bool = False,
     stages_dir: str | None = None,
+    reference_model: Path | None = None,
+    precision: str = "fp32",
+    input_shapes: Mapping[str, list[int]] | None = None,
 ) -> dict[str, Any]:
-    """The ``AttemptRequest.options`` for one attempt."""
+    """The ``AttemptRequest.options`` for one attempt.
+
+    onnxruntime checks the stages against ``reference_model``, the user's own file (never the
+    written model, so a fault in annotating or writing fails the check), at the planned shapes and
+    with the tolerances of the planned precision.
+    """
     if backend == "poprt":
         options = asdict(config.poprt)
         if amp is not None:
@@ -61,10 +71,11 @@ def attempt_options(
         return options
     if backend == "onnxruntime":
         ort = config.onnxruntime
+        half = precision == "fp16"
         return {
             "providers": list(ort.providers),
-            "rtol": ort.rtol,
-            "atol": ort.atol,
+            "rtol": ort.fp16_rtol if half else ort.rtol,
+            "atol": ort.fp16_atol if half else ort.atol,
             "warmup": ort.warmup,
             "runs": ort.runs,
             "low_memory": ort.low_memory,
@@ -73,6 +84,8 @@ def attempt_options(
             "measure": True,
             "profile": profile,
             "dims": dict(config.plan.dims),
+            **({"input_shapes": {k: list(v) for k, v in input_shapes.items()}} if input_shapes else {}),
+            **({"reference_model": str(reference_model)} if reference_model else {}),
             **({"write_stages_dir": stages_dir} if ort.write_stages and stages_dir else {}),
         }
     return {}

@@ -153,6 +153,9 @@ async def shard_job(
                 optimal_perf=spec.optimal_perf,
                 env=env,
                 argv_prefix=argv_prefix,
+                reference_model=spec.model,
+                precision=str(summary["model"].get("precision", "fp32")),
+                input_shapes=summary["model"].get("input_shapes"),
             )
             try:
                 proven = await prover.run()
