@@ -718,3 +718,44 @@ class TestWorker:
         assert (
             outcome is not None and isinstance(outcome.oom, OomInfo) and outcome.oom.kind == "code"
         )
+
+
+class TestConversion:
+    def test_an_int64_hf_export_is_converted_as_poprt_does_and_keeps_its_plan(
+        self, poprt: ModuleType, clean_env: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        """A real BERT export (int64 input_ids, symbolic batch/sequence) planned on 2 IPUs goes
+        through Converter + int64_to_int32 (which drop the annotations and add Casts) and compiles:
+        every planned node gets its stage back by name, each added Cast sits on its readers'
+        stage, and the message says what changed."""
+        from sharderd.config import PlanConfig
+        from sharderd.engine import analyze_file, make_plan, write_shard_files
+        from sharderd.shard.annotate import read_annotation
+        from sharderd.target import BUILTIN_TARGETS
+
+        config = PlanConfig(dims={"sequence": 32})
+        analysis = analyze_file(ROOT / "tests" / "data" / "models" / "tiny_bert" / "model.onnx", config)
+        plan = make_plan(analysis, BUILTIN_TARGETS["ipu-mk2"], 2, config)
+        files = write_shard_files(analysis, plan, tmp_path, "bert")
+        request = AttemptRequest(
+            backend="poprt",
+            model=str(files.model),
+            artifact=str(tmp_path / "bert.popef"),
+            num_devices=2,
+            tiles_per_device=1472,
+            options={"ipu_version": "ipu2"},
+        )
+        outcome = backend.run_attempt(request)
+        assert outcome.outcome == "ok", outcome.message
+        assert "re-annotated by name" in outcome.message and "3 added" in outcome.message
+        sharded = onnx.load(str(files.model))
+        converted = onnx.load(f"{request.artifact}.converted.onnx")
+        assert {i.type.tensor_type.elem_type for i in converted.graph.input} == {onnx.TensorProto.INT32}
+        planned, got = read_annotation(sharded), read_annotation(converted)
+        assert all(got[name] == stages for name, stages in planned.items())
+        casts = [n for n in converted.graph.node if n.name not in planned]
+        assert len(casts) == 3 and all(n.op_type == "Cast" for n in casts)
+        readers = {n.name: n for n in converted.graph.node}
+        for cast in casts:
+            stages = {got[r.name] for r in readers.values() if cast.output[0] in r.input}
+            assert got[cast.name] == min(stages)

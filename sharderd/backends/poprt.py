@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,12 @@ def run_attempt(request: AttemptRequest) -> AttemptOutcome:
         notes.append(
             "note: POPLAR_ENGINE_OPTIONS was unset for this compile (profiling options hide which tile runs out of memory)"
         )
-    graph = onnx.load(request.model, load_external_data=False).graph
+    try:
+        compile_path, changes = _convert(request)
+    except RuntimeError as exc:
+        return AttemptOutcome("invalid", message=_join(f"PopRT's conversion failed: {exc}", notes))
+    notes.append(f"note: converted as PopRT does ({changes})")
+    graph = onnx.load(compile_path, load_external_data=False).graph
     outputs = [value.name for value in graph.output]
     n_stages = _stage_count(graph, request.num_devices)
 
@@ -65,7 +71,7 @@ def run_attempt(request: AttemptRequest) -> AttemptOutcome:
         )
 
     try:
-        compiler.Compiler.compile_and_export(request.model, outputs, request.artifact, options)
+        compiler.Compiler.compile_and_export(compile_path, outputs, request.artifact, options)
     except RuntimeError as exc:
         tiles = request.tiles_per_device or _MK2_TILES
         outcome, oom, message = parse_compile_error(str(exc), tiles)
@@ -81,6 +87,30 @@ def run_attempt(request: AttemptRequest) -> AttemptOutcome:
     return AttemptOutcome(
         "ok", message=_join(message, notes), artifact=request.artifact, benchmark=benchmark
     )
+
+
+def _convert(request: AttemptRequest) -> tuple[str, str]:
+    """PopRT's own flow before a compile: ``Converter(precision=...).convert`` and the
+    ``int64_to_int32`` pass, then the plan put back by node name (PopRT applies manual sharding
+    after conversion). Writes ``<artifact>.converted.onnx``; returns its path and what changed."""
+    import poprt
+    from poprt.converter import Converter
+
+    from sharderd.shard.reannotate import reapply_annotation
+    from sharderd.shard.write import write_converted
+
+    model = onnx.load(request.model)  # with its external data: conversion rewrites weights
+    planned = {
+        node.name: {a.name: a.i for a in node.attribute if a.name in (_IPU_ATTR, _STAGE_ATTR)}
+        for node in model.graph.node
+        if any(a.name in (_IPU_ATTR, _STAGE_ATTR) for a in node.attribute)
+    }
+    converted = Converter(convert_version=11, precision=request.precision).convert(model)
+    converted = poprt.Pass.get_pass("int64_to_int32")(converted)
+    changes = reapply_annotation(converted, planned, {node.name for node in model.graph.node})
+    path = f"{request.artifact}.converted.onnx"
+    write_converted(converted, Path(path))
+    return path, changes.describe(request.precision)
 
 
 def _configure(

@@ -1,7 +1,7 @@
 """A fake of Graphcore's ``poprt`` (PopRT 1.5 API) for tests; put ``tests/fake_poprt`` on PYTHONPATH.
 
 Modules and names follow ``/work/shared/reference/poprt-facts.md``: ``compiler`` (``Compiler``,
-``CompilerOptions``), ``converter`` (``Sharder``), ``runtime`` (``DeviceManager``, ``Runner``,
+``CompilerOptions``), ``converter`` (``Sharder``, ``Converter``), ``Pass``, ``runtime`` (``DeviceManager``, ``Runner``,
 ``RuntimeConfig``) and ``profile`` (``Profiler``). Compiles check PopART's rules with PopART's
 texts, then apply a memory truth of their own; failures are ``RuntimeError``.
 
@@ -30,6 +30,7 @@ The runtime's hardware is ``ipu2``.
 from __future__ import annotations
 
 from poprt import compiler, converter, profile, runtime
+from poprt.passes import Pass
 
-__all__ = ["compiler", "converter", "profile", "runtime"]
+__all__ = ["Pass", "compiler", "converter", "profile", "runtime"]
 __version__ = "1.5.0"

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import onnx
 from onnx import helper
 
-__all__ = ["Sharder"]
+__all__ = ["Converter", "Sharder"]
 
 IPU_ATTR = "__ipu_number"
 STAGE_ATTR = "__pipeline_stage"
@@ -134,3 +134,39 @@ def int_attribute(node: onnx.NodeProto, name: str) -> int | None:
         if attribute.name == name:
             return int(helper.get_attribute_value(attribute))
     return None
+
+
+class Converter:
+    """PopRT's pre-compile conversion (poprt-facts.md §7): ``Converter(convert_version=11,
+    precision='fp16').convert(model) -> ModelProto``.
+
+    Like the real one it rebuilds the graph, so node attributes it does not know (the
+    ``__ipu_number`` / ``__pipeline_stage`` annotations) are gone afterwards, which is why PopRT
+    applies manual sharding after conversion, by node name. ``fp16`` turns float32 initializers
+    into float16 (graph inputs and outputs keep their type).
+    """
+
+    def __init__(self, convert_version: int = 11, precision: str = "fp32", **_: object) -> None:
+        if precision not in ("fp32", "fp16"):
+            raise RuntimeError(f"unsupported precision {precision!r}")
+        self.convert_version = convert_version
+        self.precision = precision
+
+    def convert(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        import numpy as np
+        from onnx import TensorProto, numpy_helper
+
+        model = copy.deepcopy(model)
+        for node in model.graph.node:
+            kept = [a for a in node.attribute if not a.name.startswith("__")]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+        if self.precision == "fp16":
+            for tensor in model.graph.initializer:
+                if (
+                    tensor.data_type == TensorProto.FLOAT
+                    and tensor.data_location != TensorProto.EXTERNAL
+                ):
+                    half = numpy_helper.to_array(tensor).astype(np.float16)
+                    tensor.CopyFrom(numpy_helper.from_array(half, tensor.name))
+        return model
