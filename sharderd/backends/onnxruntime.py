@@ -33,7 +33,6 @@ from sharderd.backends.ort_measure import stage_benchmark
 from sharderd.backends.ort_options import OrtOptions
 from sharderd.backends.ort_profile import StageProfile, node_times_from_trace, profile_stage
 from sharderd.backends.ort_runner import StageRunner
-from sharderd.backends.ort_sessions import read_model_proto
 from sharderd.backends.ort_verify import (
     OutputCheck,
     compare_outputs,
@@ -44,6 +43,7 @@ from sharderd.backends.ort_verify import (
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
 from sharderd.backends.registry import is_available
 from sharderd.errors import SharderdError
+from sharderd.graph.weights import read_model_proto
 from sharderd.shard.split import split_stages, write_stages
 
 __all__ = [

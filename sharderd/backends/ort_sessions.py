@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -21,12 +21,10 @@ import numpy as np
 import onnx
 
 from sharderd.backends.ort_options import OPTIMIZATION_LEVELS
-from sharderd.errors import ModelInvalidError
-from sharderd.graph.load import parse_model_bytes
-from sharderd.graph.tensors import all_tensors, tensor_nbytes
+from sharderd.graph.weights import is_external, nested_tensors, with_inlined
 from sharderd.shard.split import external_locations
 
-__all__ = ["OrtSession", "read_model_proto", "session_options"]
+__all__ = ["OrtSession", "session_options"]
 
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 """Where a model built from bytes finds its external data."""
@@ -83,29 +81,6 @@ class OrtSession:
         return self.session.run(outputs, feed)
 
 
-def read_model_proto(path: Path) -> onnx.ModelProto:
-    """The model proto without its weights.
-
-    Not ``load_model``: the parent validated the job already, and attempt folders may reach the
-    data through a symlink that points outside them. Locations are still held to relative paths
-    without ``..``.
-    """
-    try:
-        model = parse_model_bytes(path.read_bytes(), str(path))
-    except OSError as exc:
-        raise ModelInvalidError(f"cannot read model {path}: {exc.strerror or exc}") from None
-    for owner, tensor in all_tensors(model.graph):
-        if _is_external(tensor):
-            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-            pure = PurePosixPath(location.replace("\\", "/"))
-            if not location or pure.is_absolute() or ".." in pure.parts:
-                raise ModelInvalidError(
-                    f"tensor {tensor.name or owner!r}: external data location {location!r} must be "
-                    "a relative path inside the model's folder"
-                )
-    return model
-
-
 def _folder_option(ort: Any) -> bool:
     """Whether this onnxruntime reads ``_EXTERNAL_FOLDER`` (added in 1.18)."""
     try:
@@ -149,7 +124,7 @@ def _hand_over_weights(
     names, values, buffers = [], [], []
     unmapped = set()
     for tensor in model.graph.initializer:
-        if not _is_external(tensor):
+        if not is_external(tensor):
             continue
         array = _map_tensor(tensor, base_dir)
         if array is None:
@@ -158,8 +133,8 @@ def _hand_over_weights(
         names.append(tensor.name)
         values.append(ort.OrtValue.ortvalue_from_numpy(array))
         buffers.append(array)
-    if unmapped or any(_is_external(t) for t in _nested_tensors(model.graph)):
-        model = _with_inlined(model, base_dir, unmapped)
+    if unmapped or any(is_external(t) for t in nested_tensors(model.graph)):
+        model = with_inlined(model, base_dir, unmapped)
     if names:
         so.add_external_initializers(names, values)
     return model, [*buffers, *values]
@@ -184,43 +159,3 @@ def _map_tensor(tensor: onnx.TensorProto, base_dir: Path) -> np.ndarray | None:
         offset=int(info.get("offset", "0")),
         shape=shape,
     )
-
-
-def _is_external(tensor: onnx.TensorProto) -> bool:
-    return tensor.data_location == onnx.TensorProto.EXTERNAL
-
-
-def _nested_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Tensors held by nodes: Constant/attribute values and everything inside bodies."""
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                yield attr.t
-            elif attr.type == onnx.AttributeProto.TENSORS:
-                yield from attr.tensors
-            elif attr.type == onnx.AttributeProto.GRAPH:
-                yield from (t for _, t in all_tensors(attr.g))
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for body in attr.graphs:
-                    yield from (t for _, t in all_tensors(body))
-
-
-def _with_inlined(model: onnx.ModelProto, base_dir: Path, names: set[str]) -> onnx.ModelProto:
-    """A copy whose nested external tensors, and the initializers in ``names``, hold their bytes."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    top = [t for t in copy.graph.initializer if t.name in names and _is_external(t)]
-    for tensor in [*top, *(t for t in _nested_tensors(copy.graph) if _is_external(t))]:
-        tensor.raw_data = _read_external(tensor, base_dir)
-        tensor.data_location = onnx.TensorProto.DEFAULT
-        del tensor.external_data[:]
-    return copy
-
-
-def _read_external(tensor: onnx.TensorProto, base_dir: Path) -> bytes:
-    """The bytes of an external tensor (onnx's own reader refuses hard-linked files too)."""
-    info = {entry.key: entry.value for entry in tensor.external_data}
-    length = int(info["length"]) if "length" in info else tensor_nbytes(tensor)
-    with open(base_dir / info["location"], "rb") as f:
-        f.seek(int(info.get("offset", "0")))
-        return f.read(length)

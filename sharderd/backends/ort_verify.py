@@ -17,7 +17,8 @@ import numpy as np
 
 from sharderd.backends.ort_failure import AttemptFailure, error_text
 from sharderd.backends.ort_options import OrtOptions
-from sharderd.backends.ort_sessions import OrtSession, read_model_proto, session_options
+from sharderd.backends.ort_sessions import OrtSession, session_options
+from sharderd.graph.weights import read_model_proto
 from sharderd.shard.split import strip_annotations
 
 __all__ = [

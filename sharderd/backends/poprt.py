@@ -96,10 +96,14 @@ def _convert(request: AttemptRequest) -> tuple[str, str]:
     import poprt
     from poprt.converter import Converter
 
+    from sharderd.graph.weights import read_model_proto, with_inlined
     from sharderd.shard.reannotate import reapply_annotation
     from sharderd.shard.write import write_converted
 
-    model = onnx.load(request.model)  # with its external data: conversion rewrites weights
+    # With its weights (conversion rewrites them), read by our reader: onnx's refuses the hard
+    # links through which an attempt folder shares the job's data.
+    source = Path(request.model)
+    model = with_inlined(read_model_proto(source), source.parent)
     planned = {
         node.name: {a.name: a.i for a in node.attribute if a.name in (_IPU_ATTR, _STAGE_ATTR)}
         for node in model.graph.node
