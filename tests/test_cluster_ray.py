@@ -11,6 +11,7 @@ import ctypes
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -326,35 +327,86 @@ def _reap(pid: int) -> bool:
     return done == 0
 
 
-def test_a_killed_node_mid_attempt_the_job_succeeds_once_on_another_node(
-    cluster: RayCluster, runner: RayRunner, tmp_path: Path
-) -> None:  # runner: this test's view of the nodes
-    root = tmp_path / "d"
+def _daemon_on_cluster(
+    cluster: RayCluster, root: Path, *, compile_seconds: float
+) -> tuple[Path, dict[str, str]]:
+    """A daemon config with ``[cluster] engine = "ray"`` on this cluster, and its environment."""
     config = write_config(
-        root, backend="poprt", target="ipu-mk2", max_parallel_compiles=1, max_attempts=3
+        root,
+        backend="poprt",
+        target="ipu-mk2",
+        max_parallel_compiles=1,
+        max_attempts=3,
+        kill_grace=KILL_GRACE,
     )
-    cluster_cfg = _cluster_config(cluster, root, env_passthrough=["FAKE_POPRT_COMPILE_SECONDS"])
+    cfg = _cluster_config(cluster, root, env_passthrough=["FAKE_POPRT_COMPILE_SECONDS"])
     lines = ["", "[cluster]"]
-    for key in (
-        "engine",
-        "address",
-        "shared_dir",
-        "sweep_dir",
-        "sdk_resource",
-        "schedule_timeout",
-        "env_passthrough",
-    ):
-        value = getattr(cluster_cfg, key)
-        lines.append(
-            f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else str(value) if isinstance(value, Path) else value)}"
-        )
+    for key in ("engine", "address", "shared_dir", "sweep_dir", "sdk_resource", "schedule_timeout"):
+        value = getattr(cfg, key)
+        lines.append(f"{key} = {json.dumps(str(value) if isinstance(value, Path) else value)}")
+    lines.append('env_passthrough = ["FAKE_POPRT_COMPILE_SECONDS"]')
     with open(config, "a") as f:
         f.write("\n".join(lines) + "\n")
     env = {
         **{k: v for k, v in cluster.env().items() if k.startswith("RAY_")},
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-        "FAKE_POPRT_COMPILE_SECONDS": "3",
+        "FAKE_POPRT_COMPILE_SECONDS": str(compile_seconds),
     }
+    return config, env
+
+
+def _attempt_processes(shared: Path) -> list[int]:
+    """Live processes whose command line names a path under ``shared`` (attempt workers)."""
+    needle = str(shared).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if needle in cmdline and _alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def test_cancelling_a_job_whose_attempt_runs_on_ray_files_it_cancelled_and_publishes_nothing(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    root = tmp_path / "d"
+    config, env = _daemon_on_cluster(cluster, root, compile_seconds=60)
+    model = save_model(chain_model(2), root / "models" / "net.onnx")
+    with running(config, env=env, fake_poprt=True) as daemon:
+        drop(model, root / "inbox")
+        job_id = daemon.wait_for("job.claimed", timeout=30)[0]["job_id"]
+        daemon.wait_until(
+            lambda: bool(_attempt_processes(root / "shared")), 60, "the attempt to run"
+        )
+        running_now = _attempt_processes(root / "shared")
+        cancel = subprocess.run(
+            [sys.executable, "-m", "sharderd.cli", "cancel", job_id, "--config", str(config)],
+            capture_output=True,
+            text=True,
+            env=daemon.env,
+            check=False,
+        )
+        assert cancel.returncode == 0, cancel.stderr
+        daemon.wait_for("job.cancelled", timeout=30, reason="requested")
+        gone = time.monotonic()
+        _seconds_until_dead(running_now, limit=KILL_GRACE + 1.0)
+        assert time.monotonic() - gone <= KILL_GRACE + 1.0
+    _stop_sweeper(root / "sweep")
+    assert results(root / "outbox") == []
+    assert (root / "state" / "failed" / "net").is_dir()
+    records = [json.loads(p.read_text()) for p in (root / "state" / "journal").glob("*.json")]
+    assert [r["state"] for r in records] == ["cancelled"]
+
+
+def test_a_killed_node_mid_attempt_the_job_succeeds_once_on_another_node(
+    cluster: RayCluster, runner: RayRunner, tmp_path: Path
+) -> None:  # runner: this test's view of the nodes
+    root = tmp_path / "d"
+    config, env = _daemon_on_cluster(cluster, root, compile_seconds=3)
     model = save_model(chain_model(1), root / "models" / "net.onnx")
     worker = next(n for n in cluster.nodes if n.name == "worker")
     with running(config, env=env, fake_poprt=True) as daemon:
