@@ -56,8 +56,8 @@ from sharderd import examples
 from sharderd.config import load_config
 from sharderd.engine import analyze_file
 from sharderd.graph.analyze import Analysis
+from sharderd.plan.ordered_costs import ordered_costs
 from sharderd.plan.planner import lower_bound
-from sharderd.plan.profile import ordered_costs
 from sharderd.target import Target
 
 REPO = Path(__file__).resolve().parent.parent

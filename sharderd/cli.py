@@ -177,7 +177,7 @@ def _cmd_shard(args: argparse.Namespace) -> int:
     import anyio
 
     from sharderd.backends.pool import AttemptPool
-    from sharderd.pipeline.job import JobFailed, JobSpec, shard_job, write_report
+    from sharderd.job.run import JobFailed, JobSpec, shard_job, write_report
     from sharderd.progress import progress
     from sharderd.report.markdown import render_markdown
 

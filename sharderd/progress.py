@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, TextIO
 
-from sharderd.pipeline.prove import Emit
+from sharderd.job.prove import Emit
 from sharderd.units import fmt_seconds
 
 __all__ = ["progress"]

@@ -84,7 +84,7 @@ def planworker_hook(root: Path, code: str) -> dict[str, str]:
     hooks.mkdir(exist_ok=True)
     body = "".join(f"    {line}\n" for line in code.splitlines())
     (hooks / "sitecustomize.py").write_text(
-        f"import os, signal, sys, time\nif 'sharderd.pipeline.planworker' in sys.orig_argv:\n{body}")
+        f"import os, signal, sys, time\nif 'sharderd.job.planworker' in sys.orig_argv:\n{body}")
     return {"PYTHONPATH": os.pathsep.join([str(hooks), str(REPO)])}
 
 

@@ -42,6 +42,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _worker_ports(taken: set[int], width: int = 40) -> list[str]:
+    """A worker port range clear of the ports given to the node's components: Ray refuses to start
+    when the range holds one of them (a free port picked at random can fall inside it)."""
+    for _ in range(100):
+        low = free_port()
+        if low + width < 65535 and not any(low <= port <= low + width for port in taken):
+            return [f"--min-worker-port={low}", f"--max-worker-port={low + width}"]
+    return []
+
+
 def _restore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -147,14 +157,12 @@ class RayCluster:
             "--object-store-memory=80000000",
             *args,
         ]
+        taken = {self.port}
         for flag in ports:
-            argv.append(f"{flag}={free_port()}")
-        low = free_port()
-        argv += (
-            [f"--min-worker-port={low}", f"--max-worker-port={low + 40}"]
-            if low + 40 < 65535
-            else []
-        )
+            port = free_port()
+            taken.add(port)
+            argv.append(f"{flag}={port}")
+        argv += _worker_ports(taken)
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 argv,

@@ -47,7 +47,7 @@ MAX_SPARSE_READ_BYTES = 64 * 1024**2
 
 _FORK_SERVER = r"""
 import json, os, resource, runpy, sys, traceback
-import sharderd.engine, sharderd.pipeline.job, sharderd.report.markdown  # what the CLI imports, paid once
+import sharderd.engine, sharderd.job.run, sharderd.report.markdown  # what the CLI imports, paid once
 
 def child(job):
     code = 1

@@ -22,9 +22,9 @@ from sharderd.errors import PlanInfeasibleError
 from sharderd.graph.analyze import Analysis, analyze
 from sharderd.graph.load import LoadedModel
 from sharderd.plan.order import candidate_orders
+from sharderd.plan.ordered_costs import calibrated_compute_s, ordered_costs
 from sharderd.plan.partition import solve
 from sharderd.plan.planner import lower_bound, plan_stages
-from sharderd.plan.profile import calibrated_compute_s, ordered_costs
 from sharderd.target import BUILTIN_TARGETS, Target
 
 H = 8

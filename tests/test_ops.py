@@ -258,7 +258,9 @@ def test_status_shows_the_compiling_job_in_text_and_json(root: Path, capsys: pyt
     with running(config, fake_poprt=True, env={"FAKE_POPRT_COMPILE_SECONDS": "30"}) as daemon:
         drop(staged(root, "slowpoke"), root / "inbox")
         job_id = daemon.wait_for("attempt.started")[0]["job_id"]
-        wait_status(daemon, root, "the job compiling", lambda s: s["running"] and s["running"][0]["stage"] == "compiling")
+        # The stage and the pool count are written in separate updates: wait for both.
+        wait_status(daemon, root, "the job compiling on a busy slot",
+                    lambda s: s["running"] and s["running"][0]["stage"] == "compiling" and s["pool"]["busy"] == 1)
         code, out, _ = cli(capsys, "status", "--config", str(config))
         assert code == 0, out
         assert out.startswith(f"sharderd {__version__} is up: pid {daemon.pid}, ready since ")

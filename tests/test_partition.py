@@ -16,9 +16,9 @@ from onnx import TensorProto, helper
 from sharderd.config import PlanConfig
 from sharderd.graph.analyze import analyze
 from sharderd.graph.load import LoadedModel
+from sharderd.plan.ordered_costs import ordered_costs
 from sharderd.plan.partition import solve
 from sharderd.plan.planner import plan_stages
-from sharderd.plan.profile import ordered_costs
 from sharderd.shard.annotate import annotate, check_annotation
 from sharderd.target import BUILTIN_TARGETS
 

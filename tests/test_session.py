@@ -13,7 +13,7 @@ import pytest
 from sharderd import examples
 from sharderd.config import PlanConfig
 from sharderd.errors import ModelInvalidError, PlanInfeasibleError, SharderdError
-from sharderd.pipeline.session import LocalSession, PlanRequest, PlanService, WorkerSession
+from sharderd.job.session import LocalSession, PlanRequest, PlanService, WorkerSession
 from sharderd.target import BUILTIN_TARGETS
 
 TARGET = BUILTIN_TARGETS["ipu-mk2"]

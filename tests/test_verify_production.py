@@ -19,8 +19,8 @@ from onnx import numpy_helper
 from sharderd.backends.pool import AttemptPool
 from sharderd.config import Config
 from sharderd.errors import VerificationError
-from sharderd.pipeline import session as session_module
-from sharderd.pipeline.job import JobFailed, JobSpec, shard_job
+from sharderd.job import session as session_module
+from sharderd.job.run import JobFailed, JobSpec, shard_job
 
 
 def _run(model: Path, tmp_path: Path) -> Any:

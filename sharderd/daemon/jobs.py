@@ -52,8 +52,8 @@ from sharderd.daemon.outbox import (
 from sharderd.daemon.sidecar import JobOptions, load_sidecar
 from sharderd.daemon.status import JobProgress, StatusBoard
 from sharderd.errors import ConfigError, SharderdError
+from sharderd.job.run import JobFailed, JobResult, JobSpec, shard_job, write_report
 from sharderd.logs import get_logger
-from sharderd.pipeline.job import JobFailed, JobResult, JobSpec, shard_job, write_report
 from sharderd.report.duplicate import duplicate_report, write_duplicate
 from sharderd.target import BUILTIN_TARGETS
 

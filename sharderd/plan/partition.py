@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sharderd.plan.profile import OrderedCosts
+from sharderd.plan.ordered_costs import OrderedCosts
 
 __all__ = ["Partition", "memory_window", "solve", "stage_ends"]
 

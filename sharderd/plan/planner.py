@@ -15,8 +15,8 @@ from sharderd.graph.analyze import Analysis
 from sharderd.plan.bounds import lower_bound_all_splits, memory_floor
 from sharderd.plan.ideals import solve_ideals
 from sharderd.plan.order import candidate_orders
+from sharderd.plan.ordered_costs import OrderedCosts, calibrated_compute_s, ordered_costs
 from sharderd.plan.partition import Partition, solve
-from sharderd.plan.profile import OrderedCosts, calibrated_compute_s, ordered_costs
 from sharderd.plan.types import CutTensor, Plan, StageCost
 from sharderd.target import Target
 from sharderd.units import fmt_bytes

@@ -32,7 +32,7 @@ from sharderd.errors import (
     SharderdError,
     VerificationError,
 )
-from sharderd.pipeline.session import PlanRequest, PlanSession
+from sharderd.job.session import PlanRequest, PlanSession
 from sharderd.plan.search import (
     AttemptKey,
     Correction,

@@ -1,4 +1,4 @@
-"""``python -m sharderd.pipeline.planworker``: a PlanService behind JSON lines on stdin/stdout.
+"""``python -m sharderd.job.planworker``: a PlanService behind JSON lines on stdin/stdout.
 
 The first line configures it (model, plan config, target); each later line is ``summary`` or
 ``plan``. Every answer is one line ``{"ok": true, "result": ...}`` or ``{"ok": false, "error":
@@ -14,7 +14,7 @@ from typing import Any
 
 from sharderd.config import PlanConfig, load_table
 from sharderd.errors import SharderdError
-from sharderd.pipeline.session import PlanService, plan_request_from
+from sharderd.job.session import PlanService, plan_request_from
 from sharderd.target import Target
 
 

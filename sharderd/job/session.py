@@ -2,7 +2,7 @@
 
 ``PlanService`` is the synchronous core. ``LocalSession`` runs it in the caller's process (the
 one-shot CLI); ``WorkerSession`` runs it in a child process speaking JSON lines on stdin/stdout
-(``python -m sharderd.pipeline.planworker``), so the daemon's event loop never blocks on a huge
+(``python -m sharderd.job.planworker``), so the daemon's event loop never blocks on a huge
 model and a crash in the engine costs one job, not the daemon. Both return the same plain dicts.
 """
 
@@ -185,7 +185,7 @@ class WorkerSession:
         stderr_path.parent.mkdir(parents=True, exist_ok=True)
         with open(stderr_path, "ab") as stderr:
             process = await anyio.open_process(
-                [sys.executable, "-m", "sharderd.pipeline.planworker"],
+                [sys.executable, "-m", "sharderd.job.planworker"],
                 start_new_session=True,
                 stderr=stderr,
                 env=dict(env) if env is not None else None,

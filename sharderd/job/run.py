@@ -17,8 +17,8 @@ from sharderd.backends.pool import AttemptPool
 from sharderd.backends.registry import resolve_backend
 from sharderd.config import Config
 from sharderd.errors import PlanInfeasibleError, SharderdError
-from sharderd.pipeline.prove import Emit, Prover, ProveResult
-from sharderd.pipeline.session import (
+from sharderd.job.prove import Emit, Prover, ProveResult
+from sharderd.job.session import (
     LocalSession,
     PlanRequest,
     PlanService,
