@@ -21,7 +21,8 @@ import numpy as np
 import onnx
 
 from sharderd.backends.ort_options import OPTIMIZATION_LEVELS
-from sharderd.graph.weights import is_external, nested_tensors, with_inlined
+from sharderd.graph.tensors import node_tensors
+from sharderd.graph.weights import is_external, with_inlined
 from sharderd.shard.split import external_locations
 
 __all__ = ["OrtSession", "session_options"]
@@ -133,7 +134,7 @@ def _hand_over_weights(
         names.append(tensor.name)
         values.append(ort.OrtValue.ortvalue_from_numpy(array))
         buffers.append(array)
-    if unmapped or any(is_external(t) for t in nested_tensors(model.graph)):
+    if unmapped or any(is_external(t) for _, t in node_tensors(model.graph)):
         model = with_inlined(model, base_dir, unmapped)
     if names:
         so.add_external_initializers(names, values)

@@ -11,6 +11,7 @@ from onnx import TensorProto
 __all__ = [
     "BITS_PER_ELEMENT",
     "all_tensors",
+    "node_tensors",
     "shape_bytes",
     "tensor_nbytes",
     "tensor_numel",
@@ -75,6 +76,12 @@ def all_tensors(graph: onnx.GraphProto) -> Iterator[tuple[str, onnx.TensorProto]
         yield tensor.name, tensor
     for sparse in graph.sparse_initializer:
         yield sparse.values.name, sparse.values
+    yield from node_tensors(graph)
+
+
+def node_tensors(graph: onnx.GraphProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """The tensors of ``all_tensors`` that nodes hold (Constant/attribute values, whole bodies),
+    without the graph's own initializers."""
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR:

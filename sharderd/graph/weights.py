@@ -7,16 +7,15 @@ them too. Locations are still held to relative paths without ``..``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 import onnx
 
 from sharderd.errors import ModelInvalidError
 from sharderd.graph.load import parse_model_bytes
-from sharderd.graph.tensors import all_tensors, tensor_nbytes
+from sharderd.graph.tensors import all_tensors, node_tensors, tensor_nbytes
 
-__all__ = ["is_external", "nested_tensors", "read_external", "read_model_proto", "with_inlined"]
+__all__ = ["is_external", "read_external", "read_model_proto", "with_inlined"]
 
 
 def read_model_proto(path: Path) -> onnx.ModelProto:
@@ -46,21 +45,6 @@ def is_external(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location == onnx.TensorProto.EXTERNAL
 
 
-def nested_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Tensors held by nodes: Constant/attribute values and everything inside bodies."""
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                yield attr.t
-            elif attr.type == onnx.AttributeProto.TENSORS:
-                yield from attr.tensors
-            elif attr.type == onnx.AttributeProto.GRAPH:
-                yield from (t for _, t in all_tensors(attr.g))
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for body in attr.graphs:
-                    yield from (t for _, t in all_tensors(body))
-
-
 def with_inlined(
     model: onnx.ModelProto, base_dir: Path, names: set[str] | None = None
 ) -> onnx.ModelProto:
@@ -71,7 +55,7 @@ def with_inlined(
     top = [
         t for t in copy.graph.initializer if (names is None or t.name in names) and is_external(t)
     ]
-    for tensor in [*top, *(t for t in nested_tensors(copy.graph) if is_external(t))]:
+    for tensor in [*top, *(t for _, t in node_tensors(copy.graph) if is_external(t))]:
         tensor.raw_data = read_external(tensor, base_dir)
         tensor.data_location = onnx.TensorProto.DEFAULT
         del tensor.external_data[:]
