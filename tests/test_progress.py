@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from sharderd import progress as progress_module
-from sharderd.progress import progress
+from sharderd.cli import progress as progress_module
+from sharderd.cli.progress import progress
 
 EVENTS = [
     ("backend.selected", {"backend": "poprt", "target": "ipu-mk2"}),

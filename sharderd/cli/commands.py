@@ -1,4 +1,4 @@
-"""``sharderd``: the command line. Thin: parse, call the engine or the daemon, print, exit.
+"""``sharderd``'s parser and commands. Thin: parse, call the engine or the daemon, print, exit.
 
 Exit codes (other tools rely on them): 0 done, 1 failed (compile or verification), 2 bad input or
 usage, 3 does not fit, 4 backend unavailable.
@@ -177,8 +177,8 @@ def _cmd_shard(args: argparse.Namespace) -> int:
     import anyio
 
     from sharderd.backends.pool import AttemptPool
+    from sharderd.cli.progress import progress
     from sharderd.job.run import JobFailed, JobSpec, shard_job, write_report
-    from sharderd.progress import progress
     from sharderd.report.markdown import render_markdown
 
     config = _config(args)
@@ -275,14 +275,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _ops_config(args: argparse.Namespace) -> Config:
-    from sharderd.status_cli import OPS_CONFIG
+    from sharderd.cli.status import OPS_CONFIG
 
     path = args.config or (OPS_CONFIG if OPS_CONFIG.is_file() else None)
     return load_config(path)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from sharderd.status_cli import read_status, render_text, status_json
+    from sharderd.cli.status import read_status, render_text, status_json
 
     status = read_status(_ops_config(args))
     if args.json:
@@ -307,8 +307,8 @@ def _cmd_retry(args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
+    from sharderd.cli.status import read_status
     from sharderd.daemon.control import JobNotFoundError, find_job, request_cancel
-    from sharderd.status_cli import read_status
 
     config = _ops_config(args)
     state_dir = config.daemon.state_dir.absolute()
@@ -355,6 +355,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("sharderd: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())
