@@ -21,39 +21,68 @@ from sharderd.errors import EXIT_FAILED, EXIT_OK, ConfigError, SharderdError
 
 __all__ = ["main"]
 
-_DESCRIPTION = ("Split an ONNX model into pipeline stages, one accelerator each (IPU via PopRT, or checked "
-                "with onnxruntime), or run the inbox daemon that does it for every model dropped in.")
+_DESCRIPTION = (
+    "Split an ONNX model into pipeline stages, one accelerator each (IPU via PopRT, or checked "
+    "with onnxruntime), or run the inbox daemon that does it for every model dropped in."
+)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path, help="the .onnx file (external data beside it)")
-    p.add_argument("--devices", "-n", type=int, required=True, help="pipeline stages, one device each")
-    p.add_argument("--target", "-t", help="device description (default: config [target] name, ipu-mk2)")
+    p.add_argument(
+        "--devices", "-n", type=int, required=True, help="pipeline stages, one device each"
+    )
+    p.add_argument(
+        "--target", "-t", help="device description (default: config [target] name, ipu-mk2)"
+    )
     p.add_argument("--config", "-c", type=Path, help="sharderd.toml")
     p.add_argument("--batch-size", type=int, help="override plan.batch_size")
     p.add_argument("--safety-margin", type=float, help="override plan.safety_margin")
-    p.add_argument("--name-nodes", action="store_true", help="name unnamed/duplicate nodes <OpType>_<k>")
-    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D0,D1,...",
-                   help="static shape of a graph input, as PopRT's --input_shape (repeatable; adds to plan.input_shapes)")
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=N",
-                   help="value of a named symbolic dim, e.g. sequence=128 (repeatable; adds to plan.dims)")
-    p.add_argument("--precision", choices=["fp32", "fp16"],
-                   help="plan and write at this precision (default: plan.precision, the model's own)")
-    p.add_argument("--keep-dynamic", action="store_true",
-                   help="write the sharded model with the input dims as the file has them, not the planned static shapes")
+    p.add_argument(
+        "--name-nodes", action="store_true", help="name unnamed/duplicate nodes <OpType>_<k>"
+    )
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="static shape of a graph input, as PopRT's --input_shape (repeatable; adds to plan.input_shapes)",
+    )
+    p.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="value of a named symbolic dim, e.g. sequence=128 (repeatable; adds to plan.dims)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "fp16"],
+        help="plan and write at this precision (default: plan.precision, the model's own)",
+    )
+    p.add_argument(
+        "--keep-dynamic",
+        action="store_true",
+        help="write the sharded model with the input dims as the file has them, not the planned static shapes",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="sharderd", description=_DESCRIPTION,
+        prog="sharderd",
+        description=_DESCRIPTION,
         epilog="Exit codes: 0 done, 1 compile or verification failed, 2 bad input or usage, 3 does not fit, "
-               "4 backend unavailable. `sharderd COMMAND --help` shows a command's options.")
+        "4 backend unavailable. `sharderd COMMAND --help` shows a command's options.",
+    )
     parser.add_argument("--version", action="version", version=f"sharderd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("plan", help="print the plan; write nothing",
-                       epilog="plan never compiles or runs the model; to prove a plan (--backend, --optimal-perf, "
-                              "--out, ...) use `sharderd shard`.")
+    p = sub.add_parser(
+        "plan",
+        help="print the plan; write nothing",
+        epilog="plan never compiles or runs the model; to prove a plan (--backend, --optimal-perf, "
+        "--out, ...) use `sharderd shard`.",
+    )
     _add_common(p)
     p.add_argument("--json", action="store_true", help="print report.json's content")
 
@@ -62,34 +91,70 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", "-o", type=Path, help="output folder (default ./<stem>.sharded/)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
-    p.add_argument("--backend", "-b", choices=["auto", "poprt", "onnxruntime", "none"], help="prove the plan with this backend (default: search.backend, auto)")
-    p.add_argument("--optimal-perf", action="store_true", help="after the first success, compile and benchmark plans that may be faster")
-    p.add_argument("--max-attempts", type=int, help="compile attempts at most (default: search.max_attempts)")
+    p.add_argument(
+        "--backend",
+        "-b",
+        choices=["auto", "poprt", "onnxruntime", "none"],
+        help="prove the plan with this backend (default: search.backend, auto)",
+    )
+    p.add_argument(
+        "--optimal-perf",
+        action="store_true",
+        help="after the first success, compile and benchmark plans that may be faster",
+    )
+    p.add_argument(
+        "--max-attempts", type=int, help="compile attempts at most (default: search.max_attempts)"
+    )
     p.add_argument("--parallel", type=int, help="attempts at once (default: search.parallel)")
-    p.add_argument("--attempt-timeout", type=float, help="seconds per attempt (default: search.attempt_timeout)")
+    p.add_argument(
+        "--attempt-timeout",
+        type=float,
+        help="seconds per attempt (default: search.attempt_timeout)",
+    )
 
     p = sub.add_parser("example-model", help="write a model generated locally (no download)")
-    p.add_argument("kind", nargs="?", default="transformer", help="transformer, cnn, shared_weights, with_if, multi_io, chain")
+    p.add_argument(
+        "kind",
+        nargs="?",
+        default="transformer",
+        help="transformer, cnn, shared_weights, with_if, multi_io, chain",
+    )
     p.add_argument("--out", "-o", type=Path, help="output .onnx (default ./example-<kind>.onnx)")
-    p.add_argument("--external-data", action="store_true", help="store weights in <stem>.data beside it")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=INT", help="builder option, e.g. layers=12")
+    p.add_argument(
+        "--external-data", action="store_true", help="store weights in <stem>.data beside it"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=INT",
+        help="builder option, e.g. layers=12",
+    )
 
     p = sub.add_parser("check-config", help="validate a config file and print the effective config")
     p.add_argument("file", nargs="?", type=Path, default=Path("sharderd.toml"))
 
-    p = sub.add_parser("run", help="run the inbox daemon (JSON logs on stdout; the systemd service)")
+    p = sub.add_parser(
+        "run", help="run the inbox daemon (JSON logs on stdout; the systemd service)"
+    )
     p.add_argument("--config", "-c", type=Path, help="sharderd.toml (default: built-in defaults)")
 
     ops_config = "the daemon's sharderd.toml (default: /etc/sharderd/sharderd.toml if it exists, else built-in defaults)"
-    p = sub.add_parser("status", help="is the daemon up, and its queue and pool (exit 1 when it is not up)")
+    p = sub.add_parser(
+        "status", help="is the daemon up, and its queue and pool (exit 1 when it is not up)"
+    )
     p.add_argument("--config", "-c", type=Path, help=ops_config)
     p.add_argument("--json", action="store_true", help="print the verdict and status.json as JSON")
 
-    p = sub.add_parser("retry", help="move a failed job's input from state_dir/failed/ back into the inbox")
+    p = sub.add_parser(
+        "retry", help="move a failed job's input from state_dir/failed/ back into the inbox"
+    )
     p.add_argument("name", help="the job's folder in state_dir/failed/")
     p.add_argument("--config", "-c", type=Path, help=ops_config)
 
-    p = sub.add_parser("cancel", help="ask the daemon to cancel a pending or running job (it goes to failed/)")
+    p = sub.add_parser(
+        "cancel", help="ask the daemon to cancel a pending or running job (it goes to failed/)"
+    )
     p.add_argument("job_id", help="as in the log's job_id and `sharderd status`")
     p.add_argument("--config", "-c", type=Path, help=ops_config)
     for command in sub.choices.values():
@@ -134,11 +199,15 @@ def _parse_dim(text: str) -> tuple[str, int]:
 def _parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     name, sep, value = text.rpartition("=")
     if not sep or not name:
-        raise ConfigError(f"--input-shape {text!r}: expected NAME=D0,D1,..., e.g. --input-shape input_ids=1,128")
+        raise ConfigError(
+            f"--input-shape {text!r}: expected NAME=D0,D1,..., e.g. --input-shape input_ids=1,128"
+        )
     try:
         shape = tuple(int(d) for d in value.split(",")) if value.strip() else ()
     except ValueError:
-        raise ConfigError(f"--input-shape {text!r}: dims must be integers separated by commas") from None
+        raise ConfigError(
+            f"--input-shape {text!r}: dims must be integers separated by commas"
+        ) from None
     if any(d < 1 for d in shape):
         raise ConfigError(f"--input-shape {text!r}: dims must be >= 1")
     return name, shape
@@ -215,7 +284,9 @@ def _cmd_shard(args: argparse.Namespace) -> int:
         except JobFailed as failed:
             if failed.report is not None and failed.report.get("attempts"):
                 write_report(failed.report, out_dir)
-                print(f"sharderd: report of the failed attempts: {out_dir}/report.md", file=sys.stderr)
+                print(
+                    f"sharderd: report of the failed attempts: {out_dir}/report.md", file=sys.stderr
+                )
             raise failed.error from None
     if args.json:
         print(json.dumps(result.report, indent=1))
@@ -229,7 +300,9 @@ def _cmd_example(args: argparse.Namespace) -> int:
     from sharderd import examples
 
     if args.kind not in examples.EXAMPLES:
-        raise ConfigError(f"unknown example {args.kind!r}; choose from {', '.join(examples.EXAMPLES)}")
+        raise ConfigError(
+            f"unknown example {args.kind!r}; choose from {', '.join(examples.EXAMPLES)}"
+        )
     options: dict[str, Any] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
@@ -296,11 +369,15 @@ def _cmd_retry(args: argparse.Namespace) -> int:
     from sharderd.daemon.control import retry_failed
 
     daemon = _ops_config(args).daemon
-    result = retry_failed(daemon.state_dir.absolute() / "failed", daemon.inbox.absolute(), args.name)
+    result = retry_failed(
+        daemon.state_dir.absolute() / "failed", daemon.inbox.absolute(), args.name
+    )
     moved = " and ".join(str(p) for p in result.moved)
     print(f"retrying {result.name}: moved {moved}")
     if result.old_job_id:
-        print(f"the failed run was job {result.old_job_id} ({result.reason}); its journal record keeps the error")
+        print(
+            f"the failed run was job {result.old_job_id} ({result.reason}); its journal record keeps the error"
+        )
     if result.left is not None:
         print(f"kept {result.left}: it holds files other than the job's error and reports")
     return EXIT_OK
@@ -315,18 +392,27 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     status = read_status(config)
     found = find_job(state_dir, status.report if status.up else None, args.job_id)
     if found is None:
-        raise JobNotFoundError(f"unknown job id {args.job_id}: not pending or running, and not in the journal under {state_dir}",
-                               hint="`sharderd status` lists pending and running jobs by id.")
+        raise JobNotFoundError(
+            f"unknown job id {args.job_id}: not pending or running, and not in the journal under {state_dir}",
+            hint="`sharderd status` lists pending and running jobs by id.",
+        )
     name, state = found
     if state in ("succeeded", "failed", "duplicate", "cancelled"):
-        print(f"sharderd: job {args.job_id} ({name}) already finished: {state}; nothing to cancel", file=sys.stderr)
+        print(
+            f"sharderd: job {args.job_id} ({name}) already finished: {state}; nothing to cancel",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     request_cancel(state_dir, args.job_id)
     if status.up:
-        print(f"cancel requested for job {args.job_id} ({name}, {state}); it moves to failed/ once its attempts are stopped")
+        print(
+            f"cancel requested for job {args.job_id} ({name}, {state}); it moves to failed/ once its attempts are stopped"
+        )
     else:
-        print(f"cancel requested for job {args.job_id} ({name}); the daemon is not up ({status.problem}): "
-              "it cancels the job when it starts")
+        print(
+            f"cancel requested for job {args.job_id} ({name}); the daemon is not up ({status.problem}): "
+            "it cancels the job when it starts"
+        )
     return EXIT_OK
 
 
@@ -354,4 +440,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sharderd: interrupted", file=sys.stderr)
         return 130
-

@@ -40,20 +40,36 @@ class _Board:
         elif event == "plan.finished":
             self.rows["analyse"] = ("done", "")
             label = fields.get("label", "plan")
-            self.rows[f"plan: {label}"] = ("done", f"bottleneck {fmt_seconds(float(fields.get('bottleneck_s', 0)))}")
+            self.rows[f"plan: {label}"] = (
+                "done",
+                f"bottleneck {fmt_seconds(float(fields.get('bottleneck_s', 0)))}",
+            )
         elif event == "attempt.started":
-            self.rows[f"attempt {fields.get('attempt')}"] = ("running", str(fields.get("label", "")))
+            self.rows[f"attempt {fields.get('attempt')}"] = (
+                "running",
+                str(fields.get("label", "")),
+            )
         elif event == "attempt.finished":
             detail = str(fields.get("message", ""))[:80]
             if fields.get("device") is not None:
                 detail = f"device {fields.get('device')}: {detail}"
-            self.rows[f"attempt {fields.get('attempt')}"] = (str(fields.get("result")), f"{fields.get('duration_s')} s {detail}")
+            self.rows[f"attempt {fields.get('attempt')}"] = (
+                str(fields.get("result")),
+                f"{fields.get('duration_s')} s {detail}",
+            )
 
     def render(self) -> Any:
         from rich.table import Table
 
         table = Table(show_header=False, box=None, pad_edge=False)
-        colours = {"ok": "green", "done": "green", "running": "yellow", "oom": "red", "crashed": "magenta", "timeout": "red"}
+        colours = {
+            "ok": "green",
+            "done": "green",
+            "running": "yellow",
+            "oom": "red",
+            "crashed": "magenta",
+            "timeout": "red",
+        }
         for step, (state, detail) in self.rows.items():
             table.add_row(step, f"[{colours.get(state, 'white')}]{state}[/]", detail)
         return table

@@ -72,8 +72,10 @@ def read_status(config: Config, now: float | None = None) -> DaemonStatus:
         found = _verdict(path, None, f"not running: there is no {path}", None, daemon, t)
         return replace(found, hint=_config_hint(config))
     except PermissionError:
-        raise SharderdError(f"cannot read {path}: permission denied",
-                            hint="Run as the daemon's user or root; an older daemon wrote it 0640 (restarting it fixes that).") from None
+        raise SharderdError(
+            f"cannot read {path}: permission denied",
+            hint="Run as the daemon's user or root; an older daemon wrote it 0640 (restarting it fixes that).",
+        ) from None
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         return _verdict(path, None, f"unknown: {path} is unreadable ({exc})", None, daemon, t)
     age = _age(report.get("heartbeat"), t)
@@ -85,8 +87,10 @@ def read_status(config: Config, now: float | None = None) -> DaemonStatus:
     elif not isinstance(pid, int) or not _alive(pid):
         problem = f"stale: pid {pid} is gone; last heartbeat {_span(age)} ago"
     elif age is None or age > 2 * interval:
-        problem = (f"stale: pid {pid} runs but its last heartbeat was {_span(age)} ago "
-                   f"(expected every {interval:g} s): its event loop is stuck")
+        problem = (
+            f"stale: pid {pid} runs but its last heartbeat was {_span(age)} ago "
+            f"(expected every {interval:g} s): its event loop is stuck"
+        )
     return _verdict(path, report, problem, age, daemon, t)
 
 
@@ -97,19 +101,29 @@ def _config_hint(config: Config) -> str | None:
         return None
     here = Path("sharderd.toml")
     example = f": `sharderd status --config {here}`" if here.is_file() else ""
-    return (f"No --config was given and {OPS_CONFIG} does not exist, so these are the built-in default folders. "
-            f"If the daemon runs with its own sharderd.toml, pass it with --config FILE{example}.")
+    return (
+        f"No --config was given and {OPS_CONFIG} does not exist, so these are the built-in default folders. "
+        f"If the daemon runs with its own sharderd.toml, pass it with --config FILE{example}."
+    )
 
 
-def _verdict(path: Path, report: Mapping[str, Any] | None, problem: str | None, age: float | None,
-             daemon: DaemonConfig, now: float) -> DaemonStatus:
+def _verdict(
+    path: Path,
+    report: Mapping[str, Any] | None,
+    problem: str | None,
+    age: float | None,
+    daemon: DaemonConfig,
+    now: float,
+) -> DaemonStatus:
     recent, source = None, None
     if problem is None and report is not None and isinstance(report.get("last_24h"), Mapping):
         recent, source = dict(report["last_24h"]), "daemon"
     else:
         journal = daemon.state_dir.absolute() / "journal"
         try:
-            if journal.is_dir():  # no journal, no counts: "0 succeeded" would be a claim about nothing
+            if (
+                journal.is_dir()
+            ):  # no journal, no counts: "0 succeeded" would be a claim about nothing
                 counts = Counter(state for _, state in recent_outcomes(journal, now))
                 recent, source = {o: counts[o] for o in _OUTCOMES}, "journal"
         except PermissionError:
@@ -123,7 +137,9 @@ def status_json(status: DaemonStatus) -> dict[str, Any]:
         "up": status.up,
         "problem": status.problem,
         "status_file": str(status.path),
-        "heartbeat_age_s": None if status.heartbeat_age_s is None else round(status.heartbeat_age_s, 3),
+        "heartbeat_age_s": None
+        if status.heartbeat_age_s is None
+        else round(status.heartbeat_age_s, 3),
         "last_24h": status.last_24h,
         "last_24h_source": status.last_24h_source,
         "hint": status.hint,
@@ -137,23 +153,34 @@ def render_text(status: DaemonStatus, now: float | None = None) -> str:
     r = status.report or {}
     version = r.get("version", "")
     if status.up:
-        lines = [f"sharderd {version} is up: pid {r.get('pid')}, {r.get('state')} since {r.get('since')} "
-                 f"({_span(_age(r.get('since'), t))}), heartbeat {_span(status.heartbeat_age_s)} ago"]
+        lines = [
+            f"sharderd {version} is up: pid {r.get('pid')}, {r.get('state')} since {r.get('since')} "
+            f"({_span(_age(r.get('since'), t))}), heartbeat {_span(status.heartbeat_age_s)} ago"
+        ]
     else:
         lines = [f"sharderd is not up: {status.problem}"]
         if status.hint:
             lines.append(status.hint)
         if status.report is not None:
-            lines.append(f"last report (sharderd {version}, pid {r.get('pid')}, up since {r.get('since')}):")
+            lines.append(
+                f"last report (sharderd {version}, pid {r.get('pid')}, up since {r.get('since')}):"
+            )
     if status.report is not None:
         queue, pool = r.get("queue") or {}, r.get("pool") or {}
-        lines.append(f"queue: {queue.get('pending', 0)} pending, {queue.get('running', 0)} processing")
+        lines.append(
+            f"queue: {queue.get('pending', 0)} pending, {queue.get('running', 0)} processing"
+        )
         waiting = int(pool.get("waiting", 0))
-        lines.append(f"pool: {pool.get('busy', 0)} of {pool.get('max_parallel', '?')} compile slots busy, "
-                     f"{waiting} attempt{'' if waiting == 1 else 's'} waiting for one")
+        lines.append(
+            f"pool: {pool.get('busy', 0)} of {pool.get('max_parallel', '?')} compile slots busy, "
+            f"{waiting} attempt{'' if waiting == 1 else 's'} waiting for one"
+        )
     if status.last_24h is not None:
         counts = ", ".join(f"{status.last_24h.get(o, 0)} {o}" for o in _OUTCOMES)
-        lines.append(f"last 24 h: {counts}" + (" (from the journal)" if status.last_24h_source == "journal" else ""))
+        lines.append(
+            f"last 24 h: {counts}"
+            + (" (from the journal)" if status.last_24h_source == "journal" else "")
+        )
     running = [j for j in r.get("running") or () if isinstance(j, Mapping)]
     if running:
         lines += ["", "processing:"]
@@ -161,19 +188,32 @@ def render_text(status: DaemonStatus, now: float | None = None) -> str:
         for job in running:
             stage = str(job.get("stage")) + (" (cancelling)" if job.get("cancelling") else "")
             attempts = f"{job.get('attempts', 0)} ({job.get('attempts_running', 0)} running)"
-            rows.append((str(job.get("job_id")), str(job.get("name")), stage, attempts, _span(_age(job.get("started"), t))))
+            rows.append(
+                (
+                    str(job.get("job_id")),
+                    str(job.get("name")),
+                    stage,
+                    attempts,
+                    _span(_age(job.get("started"), t)),
+                )
+            )
         lines += _table(rows)
     pending = [j for j in r.get("pending_jobs") or () if isinstance(j, Mapping)]
     if pending:
         more = int((r.get("queue") or {}).get("pending", 0)) - len(pending)
         lines += ["", "pending:" + (f" (first {len(pending)}, {more} more)" if more > 0 else "")]
-        lines += _table([("job id", "name"), *((str(j.get("job_id")), str(j.get("name"))) for j in pending)])
+        lines += _table(
+            [("job id", "name"), *((str(j.get("job_id")), str(j.get("name"))) for j in pending)]
+        )
     return "\n".join(lines) + "\n"
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
-    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return [
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
 
 
 def _alive(pid: int) -> bool:
