@@ -1,0 +1,210 @@
+"""The ``sharderd`` argument parser, and the plan config its options amend.
+
+``plan`` and ``shard`` take ``[plan]`` keys as flags too (``--batch-size``, ``--dim``, ...);
+``config_from_args`` applies them on top of ``--config`` (or the defaults), so a command sees one
+``Config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from sharderd import __version__
+from sharderd.config import Config, load_config
+from sharderd.errors import ConfigError
+
+__all__ = ["build_parser", "config_from_args"]
+
+_DESCRIPTION = (
+    "Split an ONNX model into pipeline stages, one accelerator each (IPU via PopRT, or checked "
+    "with onnxruntime), or run the inbox daemon that does it for every model dropped in."
+)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", type=Path, help="the .onnx file (external data beside it)")
+    p.add_argument(
+        "--devices", "-n", type=int, required=True, help="pipeline stages, one device each"
+    )
+    p.add_argument(
+        "--target", "-t", help="device description (default: config [target] name, ipu-mk2)"
+    )
+    p.add_argument("--config", "-c", type=Path, help="sharderd.toml")
+    p.add_argument("--batch-size", type=int, help="override plan.batch_size")
+    p.add_argument("--safety-margin", type=float, help="override plan.safety_margin")
+    p.add_argument(
+        "--name-nodes", action="store_true", help="name unnamed/duplicate nodes <OpType>_<k>"
+    )
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="static shape of a graph input, as PopRT's --input_shape (repeatable; adds to plan.input_shapes)",
+    )
+    p.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="value of a named symbolic dim, e.g. sequence=128 (repeatable; adds to plan.dims)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "fp16"],
+        help="plan and write at this precision (default: plan.precision, the model's own)",
+    )
+    p.add_argument(
+        "--keep-dynamic",
+        action="store_true",
+        help="write the sharded model with the input dims as the file has them, not the planned static shapes",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sharderd",
+        description=_DESCRIPTION,
+        epilog="Exit codes: 0 done, 1 compile or verification failed, 2 bad input or usage, 3 does not fit, "
+        "4 backend unavailable. `sharderd COMMAND --help` shows a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"sharderd {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "plan",
+        help="print the plan; write nothing",
+        epilog="plan never compiles or runs the model; to prove a plan (--backend, --optimal-perf, "
+        "--out, ...) use `sharderd shard`.",
+    )
+    _add_common(p)
+    p.add_argument("--json", action="store_true", help="print report.json's content")
+
+    p = sub.add_parser("shard", help="plan, annotate, prove (backend) and write the sharded model")
+    _add_common(p)
+    p.add_argument("--out", "-o", type=Path, help="output folder (default ./<stem>.sharded/)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
+    p.add_argument(
+        "--backend",
+        "-b",
+        choices=["auto", "poprt", "onnxruntime", "none"],
+        help="prove the plan with this backend (default: search.backend, auto)",
+    )
+    p.add_argument(
+        "--optimal-perf",
+        action="store_true",
+        help="after the first success, compile and benchmark plans that may be faster",
+    )
+    p.add_argument(
+        "--max-attempts", type=int, help="compile attempts at most (default: search.max_attempts)"
+    )
+    p.add_argument("--parallel", type=int, help="attempts at once (default: search.parallel)")
+    p.add_argument(
+        "--attempt-timeout",
+        type=float,
+        help="seconds per attempt (default: search.attempt_timeout)",
+    )
+
+    p = sub.add_parser("example-model", help="write a model generated locally (no download)")
+    p.add_argument(
+        "kind",
+        nargs="?",
+        default="transformer",
+        help="transformer, cnn, shared_weights, with_if, multi_io, chain",
+    )
+    p.add_argument("--out", "-o", type=Path, help="output .onnx (default ./example-<kind>.onnx)")
+    p.add_argument(
+        "--external-data", action="store_true", help="store weights in <stem>.data beside it"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=INT",
+        help="builder option, e.g. layers=12",
+    )
+
+    p = sub.add_parser("check-config", help="validate a config file and print the effective config")
+    p.add_argument("file", nargs="?", type=Path, default=Path("sharderd.toml"))
+
+    p = sub.add_parser(
+        "run", help="run the inbox daemon (JSON logs on stdout; the systemd service)"
+    )
+    p.add_argument("--config", "-c", type=Path, help="sharderd.toml (default: built-in defaults)")
+
+    ops_config = "the daemon's sharderd.toml (default: /etc/sharderd/sharderd.toml if it exists, else built-in defaults)"
+    p = sub.add_parser(
+        "status", help="is the daemon up, and its queue and pool (exit 1 when it is not up)"
+    )
+    p.add_argument("--config", "-c", type=Path, help=ops_config)
+    p.add_argument("--json", action="store_true", help="print the verdict and status.json as JSON")
+
+    p = sub.add_parser(
+        "retry", help="move a failed job's input from state_dir/failed/ back into the inbox"
+    )
+    p.add_argument("name", help="the job's folder in state_dir/failed/")
+    p.add_argument("--config", "-c", type=Path, help=ops_config)
+
+    p = sub.add_parser(
+        "cancel", help="ask the daemon to cancel a pending or running job (it goes to failed/)"
+    )
+    p.add_argument("job_id", help="as in the log's job_id and `sharderd status`")
+    p.add_argument("--config", "-c", type=Path, help=ops_config)
+    for command in sub.choices.values():
+        command.set_defaults(command_parser=command)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The config a model command runs with: ``--config`` or the defaults, amended by its flags."""
+    config = load_config(args.config) if getattr(args, "config", None) else Config()
+    plan = config.plan
+    if getattr(args, "batch_size", None) is not None:
+        plan = replace(plan, batch_size=args.batch_size)
+    if getattr(args, "safety_margin", None) is not None:
+        plan = replace(plan, safety_margin=args.safety_margin)
+    if getattr(args, "name_nodes", False):
+        plan = replace(plan, name_nodes=True)
+    if getattr(args, "dim", None):
+        plan = replace(plan, dims={**plan.dims, **dict(_parse_dim(text) for text in args.dim)})
+    if getattr(args, "input_shape", None):
+        shapes = dict(_parse_input_shape(text) for text in args.input_shape)
+        plan = replace(plan, input_shapes={**plan.input_shapes, **shapes})
+    if getattr(args, "precision", None):
+        plan = replace(plan, precision=args.precision)
+    if getattr(args, "keep_dynamic", False):
+        plan = replace(plan, keep_dynamic=True)
+    return replace(config, plan=plan)
+
+
+def _parse_dim(text: str) -> tuple[str, int]:
+    name, sep, value = text.rpartition("=")
+    if not sep or not name:
+        raise ConfigError(f"--dim {text!r}: expected NAME=N, e.g. --dim sequence=128")
+    try:
+        size = int(value)
+    except ValueError:
+        raise ConfigError(f"--dim {text!r}: {value!r} is not an integer") from None
+    if size < 1:
+        raise ConfigError(f"--dim {text!r}: dims must be >= 1")
+    return name, size
+
+
+def _parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, value = text.rpartition("=")
+    if not sep or not name:
+        raise ConfigError(
+            f"--input-shape {text!r}: expected NAME=D0,D1,..., e.g. --input-shape input_ids=1,128"
+        )
+    try:
+        shape = tuple(int(d) for d in value.split(",")) if value.strip() else ()
+    except ValueError:
+        raise ConfigError(
+            f"--input-shape {text!r}: dims must be integers separated by commas"
+        ) from None
+    if any(d < 1 for d in shape):
+        raise ConfigError(f"--input-shape {text!r}: dims must be >= 1")
+    return name, shape
