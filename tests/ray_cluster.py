@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fault_backend import worker_env
+
 REPO = Path(__file__).resolve().parent.parent
 FAKE_POPRT = REPO / "tests" / "fake_poprt"
 WORKER_RESOURCE = "sharderd_test_worker"
@@ -124,15 +126,16 @@ class RayCluster:
         return f"127.0.0.1:{self.port}"
 
     def env(self) -> dict[str, str]:
-        """Environment of the nodes and of any driver (the daemon) that joins them."""
+        """Environment of the nodes and of any driver (the daemon) that joins them; the fault backend is registered."""
         base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "FAKE_POPRT_"))}
-        return {
+        env = {
             **base,
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(self.token_path),
             "RAY_USAGE_STATS_ENABLED": "0",
             "PYTHONPATH": os.pathsep.join([str(FAKE_POPRT), str(REPO)]),
         }
+        return worker_env(env)  # the attempts' workers run the tests' fault backend
 
     def _start(self, name: str, args: list[str], *, head: bool) -> Node:
         log = self.root / f"{name}.log"

@@ -25,10 +25,10 @@ import structlog.testing
 ray = pytest.importorskip("ray")
 
 from daemon_helpers import chain_model, drop, results, running, save_model, write_config  # noqa: E402
+from fault_backend import PID_FILE  # noqa: E402
 from ray_cluster import WORKER_RESOURCE, RayCluster  # noqa: E402
 
 from sharderd.backends.attempt import run_attempt  # noqa: E402
-from sharderd.backends.fault import PID_FILE  # noqa: E402
 from sharderd.backends.pool import AttemptPool  # noqa: E402
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest  # noqa: E402
 from sharderd.cluster.errors import AttemptLostError, UnschedulableError  # noqa: E402

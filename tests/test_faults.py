@@ -1,6 +1,6 @@
 """Worker faults injected through the real worker (``backend = "fault"``) become outcomes with reasons.
 
-Every fault of ``sharderd.backends.fault`` runs at once through the real
+Every fault of the tests' ``fault_backend`` (registered for the worker by its ``worker_env``) runs at once through the real
 ``sharderd.backends.attempt.run_attempt``: a real ``python -m sharderd.backends.worker`` process per
 attempt, a pool of 2 slots, short timeouts and kill grace. The batch runs once per module; each test
 checks one fault's outcome and what it left behind (processes, files, memory).
@@ -19,9 +19,9 @@ from typing import Any
 
 import anyio
 import pytest
+from fault_backend import FAULTS, FLOOD_END, PID_FILE, worker_env
 
 from sharderd.backends.attempt import RESULT_NAME, run_attempt
-from sharderd.backends.fault import FAULTS, FLOOD_END, PID_FILE
 from sharderd.backends.pool import AttemptPool
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
 
@@ -69,7 +69,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
     """Every fault at once through one pool of 2; peak RSS reset first so the growth is this batch's."""
     root = tmp_path_factory.mktemp("faults")
     pool = AttemptPool(2)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = worker_env({**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
     env.pop("PYTHONFAULTHANDLER", None)
     attempts: dict[str, Attempt] = {}
 

@@ -1,23 +1,71 @@
-"""Which backend proves a plan, and the options its attempt subprocess gets.
+"""Which backend proves a plan: one registry, the ``Backend`` protocol, and the attempt options.
 
-Availability is checked without importing the backend (importing poprt loads Poplar).
+A backend is anything with ``available()`` and ``run_attempt(request)`` (the shipped ones are the
+modules ``sharderd.backends.poprt`` and ``sharderd.backends.onnxruntime``). Importing a backend
+module never imports its SDK (importing poprt loads Poplar): ``available()`` asks without
+importing, and ``run_attempt`` imports the SDK inside the attempt subprocess
+(``python -m sharderd.backends.worker``), which finds the backend here by the request's name.
+
+``none`` is a choice, not a backend: it plans only, so it has no attempt and no entry.
+
+Extra backends (tests register the ``fault`` backend this way) reach the worker through the
+environment, since it is a subprocess: :data:`EXTRA_BACKENDS_ENV` holds comma-separated
+``NAME=MODULE[:ATTR]`` entries, imported only when a request names them. They are worker-only:
+``--backend`` and ``search.backend`` still offer the shipped choices alone.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-from sharderd.config import Config
 from sharderd.errors import BackendUnavailableError, ConfigError
-from sharderd.target import Target
 
-__all__ = ["BACKENDS", "attempt_options", "is_available", "resolve_backend"]
+if TYPE_CHECKING:
+    from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
+    from sharderd.config import Config
+    from sharderd.target import Target
 
-BACKENDS = ("poprt", "onnxruntime", "none")
+__all__ = [
+    "BACKENDS",
+    "EXTRA_BACKENDS_ENV",
+    "SHIPPED",
+    "Backend",
+    "attempt_options",
+    "is_available",
+    "load_backend",
+    "registered",
+    "resolve_backend",
+]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Proves one plan in the attempt subprocess; a module with these two functions is one."""
+
+    def available(self) -> bool:
+        """Whether it could run here, answered without importing its SDK."""
+        ...
+
+    def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
+        """Compile or run ``request`` and say how it went; a compiler verdict is data."""
+        ...
+
+
+SHIPPED: Final[Mapping[str, str]] = {
+    "poprt": "sharderd.backends.poprt",
+    "onnxruntime": "sharderd.backends.onnxruntime",
+}
+"""Every shipped backend by name, as ``MODULE[:ATTR]``."""
+BACKENDS: Final = (*SHIPPED, "none")
+"""The choices ``--backend`` and ``search.backend`` offer besides ``auto``."""
+EXTRA_BACKENDS_ENV: Final = "SHARDERD_EXTRA_BACKENDS"
+"""Comma-separated ``NAME=MODULE[:ATTR]`` backends added to :data:`SHIPPED` (tests use it)."""
 
 _INSTALL_HINT = {
     "poprt": "poprt is not installed: install the Poplar SDK or use --backend onnxruntime",
@@ -25,9 +73,31 @@ _INSTALL_HINT = {
 }
 
 
+def registered(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every backend a worker can run: the shipped ones plus :data:`EXTRA_BACKENDS_ENV`'s."""
+    extra = (os.environ if environ is None else environ).get(EXTRA_BACKENDS_ENV, "")
+    backends = dict(SHIPPED)
+    for entry in filter(None, (part.strip() for part in extra.split(","))):
+        name, sep, target = entry.partition("=")
+        if not sep or not name.strip() or not target.strip():
+            raise ConfigError(f"{EXTRA_BACKENDS_ENV}: {entry!r} is not NAME=MODULE[:ATTR]")
+        backends[name.strip()] = target.strip()
+    return backends
+
+
+def load_backend(name: str, environ: Mapping[str, str] | None = None) -> Backend:
+    """Import the backend registered as ``name``; ``KeyError`` when there is none."""
+    module_name, _, attr = registered(environ)[name].partition(":")
+    backend: Any = importlib.import_module(module_name)
+    if attr:
+        backend = getattr(backend, attr)
+    if not isinstance(backend, Backend):
+        raise TypeError(f"backend {name!r} ({registered(environ)[name]}) is not a Backend")
+    return backend
+
+
 def is_available(name: str) -> bool:
-    if name == "none":
-        return True
+    """Whether the package ``name`` could be imported, without importing it."""
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
@@ -37,12 +107,12 @@ def is_available(name: str) -> bool:
 def resolve_backend(name: str, target: Target) -> str:
     """``auto``: poprt for an IPU target when it imports, else onnxruntime, else none."""
     if name == "auto":
-        if target.kind == "ipu" and is_available("poprt"):
+        if target.kind == "ipu" and load_backend("poprt").available():
             return "poprt"
-        return "onnxruntime" if is_available("onnxruntime") else "none"
+        return "onnxruntime" if load_backend("onnxruntime").available() else "none"
     if name not in BACKENDS:
         raise ConfigError(f"unknown backend {name!r}; choose auto, {', '.join(BACKENDS)}")
-    if not is_available(name):
+    if name != "none" and not load_backend(name).available():
         raise BackendUnavailableError(_INSTALL_HINT[name])
     return name
 
@@ -84,7 +154,11 @@ def attempt_options(
             "measure": True,
             "profile": profile,
             "dims": dict(config.plan.dims),
-            **({"input_shapes": {k: list(v) for k, v in input_shapes.items()}} if input_shapes else {}),
+            **(
+                {"input_shapes": {k: list(v) for k, v in input_shapes.items()}}
+                if input_shapes
+                else {}
+            ),
             **({"reference_model": str(reference_model)} if reference_model else {}),
             **({"write_stages_dir": stages_dir} if ort.write_stages and stages_dir else {}),
         }

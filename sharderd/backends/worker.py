@@ -1,28 +1,24 @@
 """The attempt subprocess: ``python -m sharderd.backends.worker REQUEST.json RESULT.json``.
 
-Reads an ``AttemptRequest``, imports only the backend it names (so poprt is never imported by
-the parent), runs it and writes the ``AttemptOutcome`` atomically. A backend failure it does not
-catch propagates: the non-zero exit and stderr tail are the parent's evidence for ``crashed``.
+Reads an ``AttemptRequest``, imports only the backend it names from the registry
+(``sharderd.backends.registry``: the shipped backends plus any in ``SHARDERD_EXTRA_BACKENDS``, which
+tests use for their ``fault`` backend; the SDK is imported here, never by the parent), runs it and
+writes the ``AttemptOutcome`` atomically. A backend failure it does not catch propagates: the
+non-zero exit and stderr tail are the parent's evidence for ``crashed``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
+from sharderd.backends.registry import load_backend, registered
 
-__all__ = ["BACKENDS", "main"]
-
-BACKENDS: dict[str, str] = {
-    "poprt": "sharderd.backends.poprt",
-    "onnxruntime": "sharderd.backends.onnxruntime",
-    "fault": "sharderd.backends.fault",
-}
+__all__ = ["main"]
 
 EXIT_USAGE = 2
 
@@ -34,12 +30,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     started = time.monotonic()
     request = AttemptRequest.read(Path(args[0]))
-    module_name = BACKENDS.get(request.backend)
-    if module_name is None:
-        known = ", ".join(sorted(BACKENDS))
+    backends = registered()
+    if request.backend not in backends:
+        known = ", ".join(sorted(backends))
         print(f"unknown backend {request.backend!r} (known: {known})", file=sys.stderr)
         return EXIT_USAGE
-    outcome: AttemptOutcome = importlib.import_module(module_name).run_attempt(request)
+    outcome: AttemptOutcome = load_backend(request.backend).run_attempt(request)
     outcome = dataclasses.replace(outcome, duration_s=time.monotonic() - started)
     outcome.write(Path(args[1]))
     return 0

@@ -1,6 +1,8 @@
 """A backend that fails on purpose, so tests can prove every way a worker breaks becomes an outcome.
 
-Only tests name it (``backend = "fault"``, via the worker's ``BACKENDS``); it never reads the model.
+It is not shipped: tests register it for the worker subprocess with :func:`worker_env` (the
+registry's ``SHARDERD_EXTRA_BACKENDS`` names this module, and this folder goes on ``PYTHONPATH``),
+then send requests with ``backend = "fault"``. It never reads the model.
 ``request.options["fault"]`` picks the misbehaviour:
 
 - ``succeed``: an ``ok`` outcome, the control case.
@@ -31,8 +33,21 @@ from pathlib import Path
 from typing import Any, Final, NoReturn
 
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
+from sharderd.backends.registry import EXTRA_BACKENDS_ENV
 
-__all__ = ["FAULTS", "FLOOD_END", "PID_FILE", "run_attempt"]
+__all__ = [
+    "FAULTS",
+    "FLOOD_END",
+    "PID_FILE",
+    "REGISTRATION",
+    "available",
+    "run_attempt",
+    "worker_env",
+]
+
+REGISTRATION: Final = "fault=fault_backend"
+"""This module as an entry of ``SHARDERD_EXTRA_BACKENDS``."""
+TESTS_DIR: Final = Path(__file__).resolve().parent
 
 PID_FILE: Final = "fault-pids.txt"
 FLOOD_END: Final = "fault backend: end of flood\n"
@@ -41,6 +56,18 @@ _MAX_CHILDREN: Final = 256
 """A bomb with a fuse: enough to prove group cleanup, never enough to exhaust the host's pids."""
 _DEFAULT_FLOOD_BYTES: Final = 100 * 1024 * 1024
 _CHUNK: Final = 1 << 20
+
+
+def worker_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with this backend registered, for a worker subprocess (or a Ray node) to run it."""
+    extra = ",".join(filter(None, [env.get(EXTRA_BACKENDS_ENV), REGISTRATION]))
+    path = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+    return {**env, EXTRA_BACKENDS_ENV: extra, "PYTHONPATH": path}
+
+
+def available() -> bool:
+    """Always: it needs nothing but the standard library."""
+    return True
 
 
 def run_attempt(request: AttemptRequest) -> AttemptOutcome:
@@ -53,7 +80,9 @@ def run_attempt(request: AttemptRequest) -> AttemptOutcome:
 
 
 def _succeed(request: AttemptRequest) -> AttemptOutcome:
-    return AttemptOutcome("ok", f"fault backend: nothing injected for {request.model}", artifact=request.artifact)
+    return AttemptOutcome(
+        "ok", f"fault backend: nothing injected for {request.model}", artifact=request.artifact
+    )
 
 
 def _segfault(request: AttemptRequest) -> NoReturn:
@@ -99,7 +128,9 @@ def _stderr_flood(request: AttemptRequest) -> AttemptOutcome:
     while written < total:
         written += _write_all(2, chunk[: total - written])
     _write_all(2, FLOOD_END.encode())
-    return AttemptOutcome("ok", f"fault backend: wrote {written} bytes to stderr", artifact=request.artifact)
+    return AttemptOutcome(
+        "ok", f"fault backend: wrote {written} bytes to stderr", artifact=request.artifact
+    )
 
 
 def _exit_without_result(request: AttemptRequest) -> NoReturn:
@@ -109,7 +140,9 @@ def _exit_without_result(request: AttemptRequest) -> NoReturn:
 
 def _truncated_result(request: AttemptRequest) -> NoReturn:
     if len(sys.argv) != 3:
-        raise RuntimeError("truncated_result runs under `python -m sharderd.backends.worker REQUEST RESULT`")
+        raise RuntimeError(
+            "truncated_result runs under `python -m sharderd.backends.worker REQUEST RESULT`"
+        )
     whole = json.dumps(_succeed(request).to_json(), sort_keys=True)
     Path(sys.argv[2]).write_text(whole[: len(whole) // 2], encoding="utf-8")
     _say(f"wrote a truncated result for {request.model}")

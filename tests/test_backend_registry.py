@@ -1,0 +1,79 @@
+"""One registry of backends: the worker runs what it names, extra backends come from the environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fault_backend import REGISTRATION, worker_env
+
+from sharderd.backends import onnxruntime, poprt
+from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
+from sharderd.backends.registry import (
+    BACKENDS,
+    EXTRA_BACKENDS_ENV,
+    SHIPPED,
+    Backend,
+    load_backend,
+    registered,
+)
+from sharderd.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _worker(tmp_path: Path, backend: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    request = AttemptRequest(
+        backend, str(tmp_path / "m.onnx"), str(tmp_path / "m.popef"), 2, {"fault": "succeed"}
+    )
+    request.write(tmp_path / "request.json")
+    return subprocess.run(
+        [sys.executable, "-m", "sharderd.backends.worker", "request.json", "result.json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_shipped_backends_are_backends_and_none_is_only_a_choice() -> None:
+    assert isinstance(load_backend("poprt"), Backend)
+    assert load_backend("poprt") is poprt
+    assert load_backend("onnxruntime") is onnxruntime
+    assert set(BACKENDS) == {*SHIPPED, "none"}
+    assert "fault" not in registered({})
+
+
+def test_extra_backends_come_from_the_environment() -> None:
+    env = {EXTRA_BACKENDS_ENV: f" {REGISTRATION} , other=os.path:join"}
+    assert registered(env) == {**SHIPPED, "fault": "fault_backend", "other": "os.path:join"}
+    assert load_backend("fault", env).available()
+    with pytest.raises(TypeError, match="'other'"):
+        load_backend("other", env)  # os.path.join has neither available() nor run_attempt()
+    with pytest.raises(ConfigError, match="NAME=MODULE"):
+        registered({EXTRA_BACKENDS_ENV: "fault"})
+
+
+def test_worker_runs_a_registered_extra_backend_and_refuses_an_unknown_one(tmp_path: Path) -> None:
+    base = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    base.pop(EXTRA_BACKENDS_ENV, None)
+    refused = _worker(tmp_path, "fault", base)
+    assert refused.returncode == 2
+    assert "unknown backend 'fault' (known: onnxruntime, poprt)" in refused.stderr
+
+    ran = _worker(tmp_path, "fault", worker_env(base))
+    assert ran.returncode == 0, ran.stderr
+    outcome = AttemptOutcome.from_json(
+        json.loads((tmp_path / "result.json").read_text(encoding="utf-8"))
+    )
+    assert outcome.outcome == "ok"
+    assert "nothing injected" in outcome.message
