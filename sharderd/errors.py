@@ -24,6 +24,7 @@ __all__ = [
     "PlanInfeasibleError",
     "SharderdError",
     "VerificationError",
+    "sole_exception",
 ]
 
 EXIT_OK = 0
@@ -154,3 +155,10 @@ class VerificationError(SharderdError):
 
     exit_code = EXIT_FAILED
     reason = "verification_failed"
+
+
+def sole_exception(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-member groups (anyio task groups always wrap)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

@@ -31,12 +31,13 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from sharderd.procfs import PROC, processes
+
 __all__ = ["STRIPPED_ENV", "AttemptPool", "ProcessResult", "child_environment", "run_process"]
 
 STRIPPED_ENV: tuple[str, ...] = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 """systemd hands these to the daemon alone; a child that inherited them could notify for it."""
 
-_PROC = Path("/proc")
 _POLL_S = 0.02
 """How often group membership is re-checked while stragglers have their SIGTERM grace."""
 _DRAIN_AFTER_EXIT_S = 1.0
@@ -209,27 +210,9 @@ def _group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    if not _PROC.is_dir():
+    if not PROC.is_dir():
         return True
-    return any(pgrp == pgid and state not in "ZX" for state, pgrp in _proc_states())
-
-
-def _proc_states() -> list[tuple[str, int]]:
-    """``(state, pgrp)`` of every process in ``/proc``; processes vanishing meanwhile are skipped."""
-    states = []
-    for entry in os.scandir(_PROC):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"{entry.path}/stat", encoding="ascii", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # comm may contain spaces and parentheses; the fields after the last ")" are fixed.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3:
-            states.append((fields[0], int(fields[2])))
-    return states
+    return any(p.pgrp == pgid and p.state not in "ZX" for p in processes())
 
 
 @dataclass(slots=True)

@@ -26,17 +26,23 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, final
+from typing import Any, Final, NoReturn, final
+
+import anyio
+import anyio.abc
 
 from sharderd.daemon.intake import inspect_entry, is_staging_name
 from sharderd.daemon.outbox import rename_unique
-from sharderd.daemon.status import iso_time
+from sharderd.daemon.queue import JobQueue, Seen, Waiting
+from sharderd.daemon.status import StatusBoard, iso_time
 from sharderd.errors import EXIT_BAD_INPUT, ConfigError, SharderdError
+from sharderd.logs import get_logger
 
 __all__ = [
     "CANCEL_SUFFIX",
     "CONTROL_DIR",
     "CancelRequest",
+    "Canceller",
     "ControlWatch",
     "JobNotFoundError",
     "RetryResult",
@@ -50,9 +56,13 @@ CONTROL_DIR: Final = "control"
 """``state_dir/control``: requests to the daemon, one file each."""
 CANCEL_SUFFIX: Final = ".cancel"
 _CANCEL_PREFIX: Final = "cancel-"
+_POLL_S: Final = 1.0
+"""How often the daemon looks for cancel requests (two ``stat`` calls when there are none)."""
 _JOB_ID: Final = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.-]*")
 _LEFT_BEHIND: Final = frozenset({"error.json", "error.md", "report.json", "report.md", "report.html"})
 """What a failed job's folder holds besides its input; removed by ``retry``."""
+
+_log = get_logger(__name__)
 
 
 class JobNotFoundError(SharderdError):
@@ -207,6 +217,70 @@ def _requester(path: Path) -> str:
     except (OSError, ValueError, AttributeError):
         uid = None
     return "sharderd cancel" if uid is None else f"sharderd cancel, uid {uid}"
+
+
+@final
+class Canceller:
+    """The daemon's side of a request: cancel every running, pending or resumable job it names.
+
+    A running job's scope is cancelled (``run_job`` kills its attempts within ``kill_grace``, then
+    files it); a pending one is claimed and filed without running (``claim``); a resumable one is
+    filed at once (``file_cancelled``).
+    """
+
+    def __init__(
+        self,
+        watch: ControlWatch,
+        *,
+        board: StatusBoard,
+        scopes: Mapping[str, anyio.CancelScope],
+        queue: JobQueue,
+        claim: Callable[[Seen, str], None],
+        file_cancelled: Callable[[Waiting, str], None],
+        changed: Callable[[], None],
+    ) -> None:
+        self.watch = watch
+        self.board = board
+        self.scopes = scopes
+        self.queue = queue
+        self._claim = claim
+        self._file_cancelled = file_cancelled
+        self._changed = changed
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> NoReturn:
+        """Act on cancel requests; polled: they are rare, and files survive a restart."""
+        task_status.started()
+        while True:
+            for request in self.watch.poll():
+                self.cancel(request)
+            await anyio.sleep(_POLL_S)
+
+    def cancel(self, request: CancelRequest) -> None:
+        """Cancel what ``request`` names, then drop the request."""
+        hits = 0
+        for job_id, progress in list(self.board.running.items()):
+            scope = self.scopes.get(job_id)
+            if scope is None or not request.matches(job_id, progress.name):
+                continue
+            hits += 1
+            if progress.cancel_requested is None:
+                progress.cancel_requested = request.by
+                scope.cancel()  # run_job kills its attempts (kill_grace), then files the job
+                _log.info("cancel.requested", job_id=job_id, name=progress.name, by=request.by, stage=progress.stage)
+        for seen in self.queue.inbox.take(request.matches):
+            hits += 1
+            _log.info("cancel.requested", job_id=seen.job_id, name=seen.candidate.name, by=request.by, stage="pending")
+            self._claim(seen, request.by)
+        for waiting in self.queue.take_backlog(request.matches):
+            hits += 1
+            job = waiting.job
+            _log.info("cancel.requested", job_id=job.job_id, name=job.name, by=request.by, stage="pending")
+            self._file_cancelled(waiting, request.by)
+        request.done()
+        self._changed()
+        if not hits:
+            _log.warning("cancel.ignored", job_id=request.job_id, name=request.name, by=request.by,
+                         message="no pending or running job matches; the request was removed")
 
 
 # -- retry -----------------------------------------------------------------------------------------
