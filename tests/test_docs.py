@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from sharderd.config import load_config
-from sharderd.config_reference import default_toml, field_docs, reference_markdown
+from sharderd.config.reference import default_toml, field_docs, reference_markdown
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,10 +27,10 @@ def test_every_config_field_is_documented() -> None:
     """Each key of every section carries a docstring, so the reference has no blank meaning."""
     from dataclasses import fields
 
-    from sharderd.config import _SECTIONS
+    from sharderd.config.schema import SECTIONS
     from sharderd.target import Target
 
-    for cls in [*_SECTIONS.values(), Target]:
+    for cls in [*SECTIONS.values(), Target]:
         docs = field_docs(cls)
         assert [f.name for f in fields(cls) if f.name not in docs] == []
 

@@ -1,40 +1,46 @@
-"""One validated, frozen configuration object from ``sharderd.toml``.
+"""The configuration schema: one frozen dataclass per ``sharderd.toml`` section, and ``Config``.
 
-Every section is a frozen dataclass; the loader checks each key against the dataclass fields, so an
-unknown or mistyped key is an error that names the file, the section and the key. The same
-machinery validates per-job sidecars in the daemon (``load_table``).
+Each field's attribute docstring is its documentation (``sharderd.config.reference`` generates the
+README's reference and the shipped ``sharderd.toml`` from them). Range checks run in
+``__post_init__`` and raise ``FieldError`` naming the key; the loader adds the file, table and line.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
-import tomllib
-import types
-import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
 from sharderd.errors import ConfigError
 from sharderd.target import BUILTIN_TARGETS, Target
 
-T = TypeVar("T")
-
 __all__ = [
+    "SECTIONS",
     "ClusterConfig",
     "Config",
     "DaemonConfig",
+    "FieldError",
     "OrtConfig",
     "PlanConfig",
     "PoprtConfig",
     "SearchConfig",
-    "describe_config",
-    "load_config",
-    "load_table",
-    "parse_toml",
 ]
+
+
+class FieldError(ConfigError):
+    """A field value out of range; the loader adds the file and table to the message."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key} {message}")
+        self.key = key
+        """The key within its table, dotted below it (``dims.sequence``)."""
+        self.detail = message
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise FieldError(key.split(".", 1)[-1], message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +68,17 @@ class PlanConfig:
         _check(self.batch_size >= 1, "plan.batch_size", "must be >= 1")
         _check(self.safety_margin >= 1.0, "plan.safety_margin", "must be >= 1.0")
         for name, value in self.dims.items():
-            _check(isinstance(value, int) and value >= 1, f"plan.dims.{name}", "must be an integer >= 1")
+            _check(
+                isinstance(value, int) and value >= 1,
+                f"plan.dims.{name}",
+                "must be an integer >= 1",
+            )
         for name, shape in self.input_shapes.items():
-            _check(all(isinstance(d, int) and d >= 1 for d in shape), f"plan.input_shapes.{name}",
-                   "must be a list of integers >= 1")
+            _check(
+                all(isinstance(d, int) and d >= 1 for d in shape),
+                f"plan.input_shapes.{name}",
+                "must be a list of integers >= 1",
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +135,17 @@ class PoprtConfig:
     """Timed runs of a compiled PopEF; the median latency is reported."""
 
     def __post_init__(self) -> None:
-        _check(0 < self.available_memory_proportion <= 1, "poprt.available_memory_proportion", "must be in (0, 1]")
+        _check(
+            0 < self.available_memory_proportion <= 1,
+            "poprt.available_memory_proportion",
+            "must be in (0, 1]",
+        )
         _check(self.batches_per_step >= 0, "poprt.batches_per_step", "must be >= 0")
-        _check(self.num_io_tiles == 0 or (self.num_io_tiles >= 32 and self.num_io_tiles % 2 == 0),
-               "poprt.num_io_tiles", "must be 0 or an even number >= 32 (PopART's rule)")
+        _check(
+            self.num_io_tiles == 0 or (self.num_io_tiles >= 32 and self.num_io_tiles % 2 == 0),
+            "poprt.num_io_tiles",
+            "must be 0 or an even number >= 32 (PopART's rule)",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +233,11 @@ class DaemonConfig:
         _check(self.settle_seconds >= 0, "daemon.settle_seconds", "must be >= 0")
         _check(self.rescan_interval > 0, "daemon.rescan_interval", "must be > 0")
         _check(self.shutdown_timeout > 0, "daemon.shutdown_timeout", "must be > 0")
-        _check(self.metrics_port is None or 0 <= self.metrics_port <= 65535, "daemon.metrics_port", "must be a TCP port, 0..65535")
+        _check(
+            self.metrics_port is None or 0 <= self.metrics_port <= 65535,
+            "daemon.metrics_port",
+            "must be a TCP port, 0..65535",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +268,11 @@ class ClusterConfig:
     """Daemon environment variables copied into each attempt on the node (e.g. ``POPLAR_ENGINE_OPTIONS``)."""
 
     def __post_init__(self) -> None:
-        _check(self.engine != "ray" or self.shared_dir is not None, "cluster.shared_dir", "must be set when engine = \"ray\"")
+        _check(
+            self.engine != "ray" or self.shared_dir is not None,
+            "cluster.shared_dir",
+            'must be set when engine = "ray"',
+        )
         _check(self.num_cpus >= 0, "cluster.num_cpus", "must be >= 0")
         _check(self.memory_bytes >= 0, "cluster.memory_bytes", "must be >= 0")
         _check(self.schedule_timeout > 0, "cluster.schedule_timeout", "must be > 0")
@@ -277,7 +305,7 @@ class Config:
         raise ConfigError(f"unknown target {key!r}; known targets: {known}")
 
 
-_SECTIONS: dict[str, type] = {
+SECTIONS: dict[str, type] = {
     "plan": PlanConfig,
     "search": SearchConfig,
     "poprt": PoprtConfig,
@@ -285,239 +313,4 @@ _SECTIONS: dict[str, type] = {
     "daemon": DaemonConfig,
     "cluster": ClusterConfig,
 }
-
-
-def parse_toml(text: str, where: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{where}: invalid TOML: {exc}") from None
-    except RecursionError:
-        raise ConfigError(f"{where}: invalid TOML: nested too deeply") from None
-
-
-def load_config(path: Path | None = None) -> Config:
-    """Load and validate ``path``; ``None`` gives the defaults."""
-    if path is None:
-        return Config()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config {path}: {exc}") from None
-    data = parse_toml(text, str(path))
-    try:
-        return config_from_dict(data, str(path), source=path)
-    except ConfigError as err:
-        line = _line_of(text, err.message)
-        if line is None:
-            raise
-        raise ConfigError(f"{path}:{line}: {err.message.removeprefix(str(path)).lstrip(': ')}", hint=err.hint) from None
-
-
-_WHERE = re.compile(r"\[(?P<section>[\w.-]+)\](?::? (?P<key>\w+))?")
-_KEY = re.compile(r"key '(?P<key>[^']+)'")
-
-
-def _line_of(text: str, message: str) -> int | None:
-    """The 1-based line of the section/key a validation message names, when it can be found."""
-    where = _WHERE.search(message)
-    named = _KEY.search(message)
-    key = named.group("key") if named else (where.group("key") if where else None)
-    if named and not where:  # an unknown top-level section
-        pattern = re.compile(rf"^\s*\[{re.escape(named.group('key'))}[\].]")
-        return next((n for n, line in enumerate(text.splitlines(), 1) if pattern.match(line)), None)
-    if where is None:
-        return None
-    section = where.group("section")
-    header = re.compile(rf"^\s*\[\s*{re.escape(section)}\s*\]")
-    in_section = False
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.lstrip().startswith("["):
-            in_section = bool(header.match(line))
-            if in_section and key is None:
-                return n
-            continue
-        if in_section and key and re.match(rf"^\s*{re.escape(key)}\s*=", line):
-            return n
-    return None
-
-
-def config_from_dict(data: Mapping[str, Any], where: str, *, source: Path | None = None) -> Config:
-    known = {*_SECTIONS, "target", "targets"}
-    for key in data:
-        if key not in known:
-            raise ConfigError(f"{where}: unknown section or key {key!r} (known: {', '.join(sorted(known))})")
-    sections = {name: load_table(cls, _table(data, name, where), f"{where} [{name}]") for name, cls in _SECTIONS.items()}
-    target_table = _table(data, "target", where)
-    unknown = set(target_table) - {"name"}
-    if unknown:
-        raise ConfigError(f"{where} [target]: unknown key {sorted(unknown)[0]!r} (known: name)")
-    custom = {
-        name: _custom_target(name, table, f"{where} [targets.{name}]")
-        for name, table in _table(data, "targets", where).items()
-    }
-    config = Config(
-        **sections,
-        target_name=str(target_table.get("name", "ipu-mk2")),
-        custom_targets=custom,
-        source=source,
-    )
-    for section, name in (("target", None), ("daemon", config.daemon.target)):
-        if section == "daemon" and name is None:
-            continue
-        try:
-            config.target(name)
-        except ConfigError as err:
-            key = "name" if section == "target" else "target"
-            raise ConfigError(f"{where} [{section}] {key}: {err.message}") from None
-    return config
-
-
-def _table(data: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:
-    value = data.get(name, {})
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{where}: {name!r} must be a table")
-    return value
-
-
-_TARGET_KEYS = {f.name for f in fields(Target)} - {"name"}
-
-
-def _custom_target(name: str, table: Mapping[str, Any], where: str) -> Target:
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{where}: must be a table")
-    base_name = table.get("base")
-    values: dict[str, Any] = {}
-    if base_name is not None:
-        if not isinstance(base_name, str) or base_name not in BUILTIN_TARGETS:
-            raise ConfigError(f"{where}: base {base_name!r} is not a built-in target ({', '.join(BUILTIN_TARGETS)})")
-        values = {f.name: getattr(BUILTIN_TARGETS[base_name], f.name) for f in fields(Target)}
-    for key, value in table.items():
-        if key == "base":
-            continue
-        if key not in _TARGET_KEYS:
-            raise ConfigError(f"{where}: unknown key {key!r} (known: base, {', '.join(sorted(_TARGET_KEYS))})")
-        values[key] = value
-    values["name"] = name
-    hints = typing.get_type_hints(Target)
-    for key, value in list(values.items()):
-        values[key] = _coerce(value, hints[key], f"{where} {key}")
-    if "memory_bytes" not in values and values.get("tiles") and values.get("bytes_per_tile"):
-        values["memory_bytes"] = values["tiles"] * values["bytes_per_tile"]
-    missing = [f.name for f in fields(Target) if f.default is dataclasses.MISSING and f.name not in values]
-    if missing:
-        raise ConfigError(f"{where}: missing key {missing[0]!r} (or set base = \"ipu-mk2\")")
-    try:
-        return Target(**values)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
-def load_table(cls: type[T], table: Mapping[str, Any], where: str) -> T:
-    """Build the frozen dataclass ``cls`` from a TOML table; unknown keys are errors naming the key."""
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{where}: must be a table")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in hints:
-            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(names)})")
-        kwargs[key] = _coerce(value, hints[key], f"{where} {key}")
-    try:
-        return cls(**kwargs)
-    except _KeyError as exc:
-        raise ConfigError(f"{where}: {exc.key} {exc.detail}") from None
-
-
-class _KeyError(ConfigError):
-    """A field value out of range; the loader adds the file and section to the message."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key} {message}")
-        self.key = key
-        self.detail = message
-
-
-def _check(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise _KeyError(key.split(".", 1)[-1], message)
-
-
-def _coerce(value: Any, hint: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], where)
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(map(repr, args))}")
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    if hint is Path:
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{where}: expected a path string, got {value!r}")
-        return Path(value)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        return tuple(_coerce(v, args[0], where) for v in value)
-    if origin is Mapping or origin is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{where}: expected a table, got {value!r}")
-        return {str(k): _coerce(v, args[1], f"{where}.{k}") for k, v in value.items()}
-    raise TypeError(f"unsupported config type {hint!r}")  # pragma: no cover - a programming error
-
-
-def describe_config(config: Config) -> str:
-    """The effective config as TOML-like text (``sharderd check-config``)."""
-    lines = [f"# effective configuration{f' from {config.source}' if config.source else ' (defaults)'}"]
-    for name in _SECTIONS:
-        section = getattr(config, name)
-        lines.append(f"\n[{name}]")
-        for f in fields(section):
-            lines.append(f"{f.name} = {_toml_value(getattr(section, f.name), f.name)}")
-    lines.append("\n[target]")
-    lines.append(f"name = {_toml_value(config.target_name)}")
-    for tname, target in config.custom_targets.items():
-        lines.append(f"\n[targets.{tname}]")
-        for f in fields(target):
-            if f.name != "name":
-                lines.append(f"{f.name} = {_toml_value(getattr(target, f.name))}")
-    return "\n".join(lines) + "\n"
-
-
-def _toml_value(value: Any, key: str = "") -> str:
-    if key.endswith("_mode") and isinstance(value, int) and not isinstance(value, bool):
-        return f"0o{value:o}"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str | Path):
-        return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if value is None:
-        return '""  # unset'
-    if isinstance(value, tuple | list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        if not value:
-            return "{}"
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    return repr(value)
+"""The ``[section]`` tables of ``sharderd.toml`` (besides ``[target]`` and ``[targets.*]``), in order."""
