@@ -36,6 +36,7 @@ FAKE_VARS = (
     "FAKE_POPRT_TRUTH",
     "FAKE_POPRT_MODE",
     "FAKE_POPRT_COMPILE_SECONDS",
+    "FAKE_POPRT_RUNTIME",
     "FAKE_POPRT_LOG",
     "POPLAR_ENGINE_OPTIONS",
 )
@@ -610,17 +611,22 @@ def run_worker(
 
 class TestWorker:
     def test_ok_with_benchmark(self, tmp_path: Path) -> None:
-        """A valid 2-IPU pipelined model compiles to a PopEF and is timed."""
+        """A valid 2-IPU pipelined model compiles to a PopEF and is timed: latency one batch at a
+        time, throughput with batches queued, so two equal stages deliver about twice the rate a
+        lone batch's latency implies (each fake stage takes 3 ms here, far above sleep jitter)."""
         request = request_for(
-            tmp_path, chain([16, 16, 16], [0, 1]), benchmark=True, warmup=2, runs=7, batch_size=4
+            tmp_path, chain([16, 16, 16], [0, 1]), benchmark=True, warmup=2, runs=12, batch_size=4
         )
-        proc, outcome = run_worker(tmp_path, request)
+        runtime = {"FAKE_POPRT_RUNTIME": json.dumps({"stage_base_s": 3e-3, "stage_cap_s": 1.0})}
+        proc, outcome = run_worker(tmp_path, request, env=runtime)
         assert proc.returncode == 0, proc.stderr
         assert outcome is not None and outcome.outcome == "ok", outcome
         assert outcome.artifact == request.artifact and Path(request.artifact).is_file()
         bench = outcome.benchmark
-        assert bench is not None and bench.runs == 7 and bench.latency_s > 0 and bench.spread_s >= 0
-        assert bench.throughput_per_s == pytest.approx(4 / bench.latency_s)
+        assert bench is not None and bench.runs == 12 and bench.spread_s >= 0
+        assert bench.latency_s == pytest.approx(6e-3, rel=0.5)
+        assert bench.in_flight >= 4  # two stages, each filled twice over
+        assert bench.throughput_per_s > 1.5 * 4 / bench.latency_s
         assert outcome.duration_s > 0
 
     def test_ok_without_benchmark(self, tmp_path: Path) -> None:

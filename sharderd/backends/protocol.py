@@ -38,14 +38,31 @@ the model; ``setup``: the backend itself is missing or misconfigured."""
 @dataclass(frozen=True, slots=True)
 class BenchmarkResult:
     latency_s: float
-    """Median latency of one batch."""
+    """Median latency of one batch alone in the pipeline."""
     throughput_per_s: float
-    """Samples per second."""
+    """Samples per second with several batches in flight: what a pipeline is for."""
     runs: int
     stage_times_s: tuple[float, ...] = ()
     """Per-stage median time, where the backend can measure it."""
     spread_s: float = 0.0
     """Inter-quartile range of the latency."""
+    in_flight: int = 1
+    """Batches queued at once while throughput was measured (1: measured one at a time)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, as reports and the outcome file carry it."""
+        return {
+            "latency_s": self.latency_s,
+            "throughput_per_s": self.throughput_per_s,
+            "runs": self.runs,
+            "stage_times_s": list(self.stage_times_s),
+            "spread_s": self.spread_s,
+            "in_flight": self.in_flight,
+        }
+
+    def period_s(self, batch_size: int) -> float:
+        """Seconds per batch at the measured throughput (the pipeline's slowest stage, measured)."""
+        return batch_size / self.throughput_per_s if self.throughput_per_s > 0 else self.latency_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from sharderd.errors import (
     VerificationError,
 )
 from sharderd.job.session import PlanRequest, PlanSession
+from sharderd.plan.choose import Compiled, best_compiled
 from sharderd.plan.search import (
     AttemptKey,
     Correction,
@@ -53,7 +54,7 @@ Emit = Callable[[str, Mapping[str, Any]], None]
 _MAX_ESCALATIONS = 12
 _PERF_BAND = 0.9
 """optimal_perf compiles a plan if its predicted time, scaled by the best measured/predicted ratio,
-is within this factor of the best measured latency (model and measurement noise)."""
+is within this factor of the best measured period (seconds per batch at the measured throughput)."""
 
 
 @dataclass(slots=True)
@@ -67,6 +68,8 @@ class AttemptRecord:
     plan: dict[str, Any]
     files: dict[str, Any]
     directory: Path
+    request: PlanRequest
+    """What planned it: the written result re-plans from exactly this (only the folder differs)."""
     outcome: AttemptOutcome | None = None
     correction: Correction | None = None
     measured_times: Mapping[str, float] | None = None
@@ -79,11 +82,11 @@ class AttemptRecord:
     def predicted_s(self) -> float:
         return float(self.plan["bottleneck_s"])
 
-    @property
-    def measured_s(self) -> float | None:
+    def measured_period_s(self, batch_size: int) -> float | None:
+        """Measured seconds per batch with the pipeline full: what ``predicted_s`` predicts."""
         if self.outcome is None or self.outcome.benchmark is None:
             return None
-        return self.outcome.benchmark.latency_s
+        return self.outcome.benchmark.period_s(batch_size)
 
     @property
     def throughput(self) -> float | None:
@@ -117,13 +120,7 @@ class AttemptRecord:
             data["returncode"] = out.returncode
             data["signal"] = out.signal
             data["stderr_tail"] = out.stderr_tail[-4000:]
-            data["benchmark"] = None if out.benchmark is None else {
-                "latency_s": out.benchmark.latency_s,
-                "throughput_per_s": out.benchmark.throughput_per_s,
-                "runs": out.benchmark.runs,
-                "stage_times_s": list(out.benchmark.stage_times_s),
-                "spread_s": out.benchmark.spread_s,
-            }
+            data["benchmark"] = None if out.benchmark is None else out.benchmark.to_dict()
             details = dict(out.details) if out.details else None
             if details and "node_times_s" in details:
                 details["node_times_s"] = f"{len(details['node_times_s'])} nodes profiled"
@@ -259,7 +256,8 @@ class Prover:
         directory = self.workdir / f"attempt-{index}"
         if directory.exists():
             shutil.rmtree(directory)
-        result = await self.session.plan(self._request(margin, used_scale, orders, str(directory)))
+        request = self._request(margin, used_scale, orders, str(directory))
+        result = await self.session.plan(request)
         record = AttemptRecord(
             index=index,
             label=label,
@@ -270,6 +268,7 @@ class Prover:
             plan=result["plan"],
             files=result["files"],
             directory=directory,
+            request=request,
             measured_times=self.measured_times,
         )
         self.emit(
@@ -399,6 +398,8 @@ class Prover:
             plan=base.plan,
             files=base.files,
             directory=base.directory.parent / f"attempt-{index}",
+            request=base.request,
+            measured_times=base.measured_times,
         )
 
     def _amp_note(self, observation: Observation) -> str:
@@ -418,10 +419,12 @@ class Prover:
             self.perf_variants = [(m, o) for m in margins for o in (None, ("file",), ("depth_first",))]
         best = self._best_ok()
         assert best is not None
-        measured = [a for a in self.attempts if a.measured_s is not None]
-        if not measured or best.measured_s is None:
+        batch = self.config.plan.batch_size
+        periods = {a.index: p for a in self.attempts if (p := a.measured_period_s(batch))}
+        if not periods or best.index not in periods:
             return None
-        ratio = min(a.measured_s / a.predicted_s for a in measured if a.predicted_s > 0 and a.measured_s)
+        ratio = min(periods[a.index] / a.predicted_s for a in self.attempts if a.index in periods and a.predicted_s > 0)
+        best_period = periods[best.index]
         while self.perf_variants:
             margin, orders = self.perf_variants.pop(0)
             try:
@@ -430,7 +433,7 @@ class Prover:
                 continue
             if record is None:
                 continue
-            if record.predicted_s * ratio * _PERF_BAND < best.measured_s:
+            if record.predicted_s * ratio * _PERF_BAND < best_period:
                 return record
             shutil.rmtree(record.directory, ignore_errors=True)
         return None
@@ -441,12 +444,12 @@ class Prover:
         return any(a.outcome is not None and a.outcome.outcome == "ok" for a in self.attempts)
 
     def _best_ok(self) -> AttemptRecord | None:
-        oks = [a for a in self.attempts if a.outcome is not None and a.outcome.outcome == "ok"]
-        if not oks:
-            return None
-        if (self.optimal_perf or self.measured_times is not None) and any(a.throughput for a in oks):
-            return max((a for a in oks if a.throughput), key=lambda a: a.throughput or 0.0)
-        return min(oks, key=lambda a: a.predicted_s)
+        oks = {a.index: a for a in self.attempts if a.outcome is not None and a.outcome.outcome == "ok"}
+        choice = best_compiled(
+            [Compiled(a.index, a.predicted_s, a.throughput, a.outcome.benchmark.latency_s if a.outcome and a.outcome.benchmark else None) for a in oks.values()],
+            by_measurement=self.optimal_perf or self.measured_times is not None,
+        )
+        return None if choice is None else oks[choice.attempt]
 
     def _handle(self, record: AttemptRecord, outcome: AttemptOutcome) -> None:
         record.outcome = outcome

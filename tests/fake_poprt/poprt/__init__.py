@@ -13,7 +13,8 @@ Environment knobs, read at every compile:
 - ``FAKE_POPRT_TRUTH``: JSON overriding fields of ``compiler.Truth`` (``imbalance``,
   ``tile_overhead``, ``weight_factor``, ``activation_factor``, ``temp_factor``,
   ``scratch_factor``, ``exchange_factor``, ``stream_factor``, ``code_default``, ``code_bytes``
-  merged by op type), e.g. ``{"weight_factor": 40}`` to make the truth harsher.
+  merged by op type, and the non-uniform families ``op_tiles``, ``exchange_by_op``, ``noise``),
+  e.g. ``{"weight_factor": 40}`` to make the truth harsher.
 - ``FAKE_POPRT_MODE``: ``normal`` (default); ``variables``, ``code``, ``exchange``, ``stream``:
   every valid compile fails with that out-of-memory text on the fullest IPU; ``segfault``:
   the process kills itself with SIGSEGV; ``hang``: it blocks until a signal ends it;

@@ -1,13 +1,20 @@
 """Fake ``poprt.runtime``: ``DeviceManager``, ``RuntimeConfig`` and ``Runner`` over a fake PopEF.
 
 ``Runner(popef, config=None)`` takes a PopEF path or a ``compiler.Executable``; ``execute`` fills
-the caller's preallocated outputs (zeros) after a short blocking wait proportional to the
-slowest stage's FLOPs, capped at a few milliseconds so benchmarks stay fast.
+the caller's preallocated outputs (zeros). Time is a pipeline's: every stage computes one batch
+at a time (its FLOPs, capped so benchmarks stay fast), then hands its activations to the next
+over a link that is a resource of its own (the copy overlaps the stage's next batch). A lone
+batch takes every compute and every copy in turn (latency); batches queued with ``execute_async``
+leave one per slowest stage or link (throughput). A split with big boundary tensors can so lose
+on latency and win on throughput. ``FAKE_POPRT_RUNTIME`` (JSON) overrides ``flops_per_s``,
+``link_bytes_per_s``, ``stage_base_s`` and ``stage_cap_s``; the defaults put a stage of the test
+models at tenths of a millisecond, well above Python's own overhead per call.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,9 +28,21 @@ from poprt.compiler import Executable
 __all__ = ["DataDesc", "Device", "DeviceManager", "Runner", "RuntimeConfig"]
 
 _HARDWARE = "ipu2"
-_FLOPS_PER_S = 250e12 * 0.25
-_MAX_LATENCY_S = 2e-3
-_BASE_LATENCY_S = 20e-6
+_RUNTIME_DEFAULTS = {
+    "flops_per_s": 1e12,
+    "link_bytes_per_s": 8e9,
+    "stage_base_s": 50e-6,
+    "stage_cap_s": 5e-3,
+}
+
+
+def _runtime_knobs() -> dict[str, float]:
+    raw = os.environ.get("FAKE_POPRT_RUNTIME")
+    values = json.loads(raw) if raw else {}
+    unknown = set(values) - set(_RUNTIME_DEFAULTS)
+    if unknown:
+        raise ValueError(f"FAKE_POPRT_RUNTIME: unknown keys {sorted(unknown)} (known: {sorted(_RUNTIME_DEFAULTS)})")
+    return {**_RUNTIME_DEFAULTS, **{k: float(v) for k, v in values.items()}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +94,16 @@ class DataDesc:
         return f"DataDesc(name={self.name!r}, shape={self.shape}, dtype={self._dtype.name})"
 
 
-class _Done:
-    """The future ``execute_async`` returns; the work is already done when it is handed out."""
+class _Future:
+    """What ``execute_async`` returns: ``wait`` blocks until the batch has left the last stage."""
+
+    def __init__(self, done_at: float) -> None:
+        self._done_at = done_at
 
     def wait(self) -> None:
-        return None
+        left = self._done_at - time.perf_counter()
+        if left > 0:
+            time.sleep(left)  # noqa: TID251 - a device run blocks the caller too
 
 
 class Runner:
@@ -99,8 +123,14 @@ class Runner:
             raise RuntimeError(
                 f"The executable was compiled for {self._popef['ipu_version']} but the device is {_HARDWARE}"
             )
-        slowest = max(self._popef.get("stage_flops") or [0])
-        self._latency_s = min(_BASE_LATENCY_S + slowest / _FLOPS_PER_S, _MAX_LATENCY_S)
+        knobs = _runtime_knobs()
+        flops = self._popef.get("stage_flops") or [0]
+        sends = self._popef.get("stage_send_bytes") or [0] * len(flops)
+        cap = knobs["stage_cap_s"]
+        self.stage_s = tuple(min(knobs["stage_base_s"] + f / knobs["flops_per_s"], cap) for f in flops)
+        self.send_s = tuple(min(b / knobs["link_bytes_per_s"], cap) for b in sends)
+        self._free_at = [0.0] * len(self.stage_s)
+        self._link_free_at = [0.0] * len(self.stage_s)
 
     def get_execute_inputs(self) -> list[DataDesc]:
         return [DataDesc(d["name"], d["shape"], d["dtype"]) for d in self._popef["inputs"]]
@@ -109,18 +139,24 @@ class Runner:
         return [DataDesc(d["name"], d["shape"], d["dtype"]) for d in self._popef["outputs"]]
 
     def execute(self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> None:
-        if self.config.validate_io_params:
-            _check(self.get_execute_inputs(), inputs, "input")
-            _check(self.get_execute_outputs(), outputs, "output")
-        time.sleep(self._latency_s)  # noqa: TID251 - a device run blocks the caller too
-        for array in outputs.values():
-            array[...] = 0
+        self.execute_async(inputs, outputs).wait()
 
     def execute_async(
         self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]
-    ) -> _Done:
-        self.execute(inputs, outputs)
-        return _Done()
+    ) -> _Future:
+        if self.config.validate_io_params:
+            _check(self.get_execute_inputs(), inputs, "input")
+            _check(self.get_execute_outputs(), outputs, "output")
+        at = time.perf_counter()
+        for stage, (compute, send) in enumerate(zip(self.stage_s, self.send_s, strict=True)):
+            at = max(at, self._free_at[stage]) + compute
+            self._free_at[stage] = at
+            if send:
+                at = max(at, self._link_free_at[stage]) + send
+                self._link_free_at[stage] = at
+        for array in outputs.values():
+            array[...] = 0
+        return _Future(at)
 
 
 def _check(descs: list[DataDesc], arrays: Mapping[str, Any], kind: str) -> None:

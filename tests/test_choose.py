@@ -1,0 +1,27 @@
+"""plan/choose.py: the compiled plan to keep is ranked by throughput, not latency."""
+
+from __future__ import annotations
+
+from sharderd.plan.choose import Compiled, best_compiled
+
+
+def test_throughput_wins_where_latency_disagrees() -> None:
+    # A balanced split with big boundary copies: slower alone, faster with batches in flight.
+    balanced = Compiled(0, predicted_s=5e-4, throughput_per_s=2000.0, latency_s=1.3e-3)
+    lopsided = Compiled(1, predicted_s=6e-4, throughput_per_s=1650.0, latency_s=1.0e-3)
+    assert best_compiled([lopsided, balanced], by_measurement=True) is balanced
+    assert best_compiled([balanced, lopsided], by_measurement=True) is balanced
+
+
+def test_prediction_ranks_without_measurements() -> None:
+    a = Compiled(0, predicted_s=7e-4)
+    b = Compiled(1, predicted_s=6e-4, throughput_per_s=1.0)
+    assert best_compiled([a, b], by_measurement=False) is b
+    assert best_compiled([a, Compiled(2, predicted_s=7e-4)], by_measurement=True) is a  # nothing measured
+
+
+def test_ties_keep_the_earlier_attempt() -> None:
+    first, second = Compiled(3, 1e-3, 500.0), Compiled(5, 1e-3, 500.0)
+    assert best_compiled([second, first], by_measurement=True) is first
+    assert best_compiled([second, first], by_measurement=False) is first
+    assert best_compiled([], by_measurement=True) is None
