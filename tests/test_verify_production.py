@@ -17,7 +17,7 @@ import pytest
 from onnx import numpy_helper
 
 from sharderd.backends.pool import AttemptPool
-from sharderd.config import Config
+from sharderd.config import Config, search_options
 from sharderd.errors import VerificationError
 from sharderd.job import session as session_module
 from sharderd.job.run import JobFailed, JobSpec, shard_job
@@ -30,9 +30,8 @@ def _run(model: Path, tmp_path: Path) -> Any:
         stem=model.stem,
         devices=3,
         config=Config(),
+        search=search_options(Config(), backend="onnxruntime", max_attempts=1),
         target="cpu",
-        backend="onnxruntime",
-        max_attempts=1,
     )
 
     async def main() -> Any:

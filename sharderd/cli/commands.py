@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sharderd.cli.parser import build_parser, config_from_args
-from sharderd.config import Config, load_config
+from sharderd.config import Config, load_config, search_options
 from sharderd.errors import EXIT_FAILED, EXIT_OK, ConfigError, SharderdError
 
 __all__ = ["main"]
@@ -63,6 +63,16 @@ def _cmd_shard(args: argparse.Namespace) -> int:
         raise ConfigError(f"--parallel must be >= 1, got {args.parallel}")
     if args.max_attempts is not None and args.max_attempts < 1:
         raise ConfigError(f"--max-attempts must be >= 1, got {args.max_attempts}")
+    if args.attempt_timeout is not None and args.attempt_timeout <= 0:
+        raise ConfigError(f"--attempt-timeout must be > 0, got {args.attempt_timeout}")
+    search = search_options(
+        config,
+        backend=args.backend,
+        optimal_perf=args.optimal_perf or None,  # the flag can only turn it on
+        max_attempts=args.max_attempts,
+        parallel=args.parallel,
+        attempt_timeout=args.attempt_timeout,
+    )
     stem = args.model.name.removesuffix(".onnx")
     out_dir = args.out or Path(f"{stem}.sharded")
     spec = JobSpec(
@@ -71,14 +81,10 @@ def _cmd_shard(args: argparse.Namespace) -> int:
         stem=stem,
         devices=args.devices,
         config=config,
+        search=search,
         target=args.target,
-        backend=args.backend or config.search.backend,
-        optimal_perf=args.optimal_perf or config.search.optimal_perf,
-        max_attempts=args.max_attempts,
-        parallel=args.parallel,
-        attempt_timeout=args.attempt_timeout,
     )
-    pool = AttemptPool(args.parallel or config.search.parallel)
+    pool = AttemptPool(search.parallel)
     with (
         tempfile.TemporaryDirectory(prefix="sharderd-attempts-") as work,
         progress(quiet=args.quiet, json_mode=args.json) as emit,

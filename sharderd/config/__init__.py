@@ -2,12 +2,14 @@
 
 ``schema`` holds the sections as frozen dataclasses, ``load`` parses and validates a file (unknown
 keys are errors naming the key and its line, found by ``positions``), ``reference`` turns the schema
-into the README's reference and the shipped ``sharderd.toml``.
+into the README's reference and the shipped ``sharderd.toml``, and ``options`` resolves a job's
+effective search options from flags, sidecar and config, once.
 """
 
 from __future__ import annotations
 
 from sharderd.config.load import config_from_dict, load_config, load_table, parse_toml
+from sharderd.config.options import SearchOptions, search_options
 from sharderd.config.reference import describe_config
 from sharderd.config.schema import (
     ClusterConfig,
@@ -27,9 +29,11 @@ __all__ = [
     "PlanConfig",
     "PoprtConfig",
     "SearchConfig",
+    "SearchOptions",
     "config_from_dict",
     "describe_config",
     "load_config",
     "load_table",
     "parse_toml",
+    "search_options",
 ]

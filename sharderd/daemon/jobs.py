@@ -36,7 +36,7 @@ import structlog
 
 from sharderd.backends.pool import AttemptPool
 from sharderd.cluster.errors import AttemptLostError
-from sharderd.config import Config
+from sharderd.config import Config, search_options
 from sharderd.daemon.intake import ClaimedJob, inspect_entry, is_staging_name
 from sharderd.daemon.journal import IndexEntry, JobRecord, JobState, Journal, RecoveredJob
 from sharderd.daemon.outbox import (
@@ -367,15 +367,15 @@ class _JobRun:
 
     async def _shard(self, options: JobOptions) -> JobResult:
         """Run ``shard_job``, again after a worker killed by a signal, up to ``max_attempts`` runs."""
-        job, ctx, daemon = self.job, self.ctx, self.ctx.config.daemon
+        job, ctx = self.job, self.ctx
         assert job.model is not None
         config = replace(ctx.config, plan=options.plan_config(ctx.config.plan))
+        search = search_options(config, daemon=True, backend=options.backend,
+                                optimal_perf=options.optimal_perf, max_attempts=options.max_attempts)
         spec = JobSpec(
             model=job.model, out_dir=self.out, stem=job.model.name.removesuffix(".onnx"),
-            devices=options.devices, config=config, target=options.target, backend=options.backend,
-            optimal_perf=options.optimal_perf, max_attempts=options.max_attempts,
-            parallel=daemon.max_parallel_compiles, attempt_timeout=daemon.attempt_timeout,
-            kill_grace=daemon.kill_grace, job_id=job.job_id, priority=options.priority, isolate_planning=True,
+            devices=options.devices, config=config, search=search, target=options.target,
+            job_id=job.job_id, priority=options.priority, isolate_planning=True,
         )
         self.record = ctx.journal.record(replace(self.record, state="planning"))
         while True:

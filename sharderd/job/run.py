@@ -15,7 +15,7 @@ from typing import Any
 
 from sharderd.backends.pool import AttemptPool
 from sharderd.backends.registry import resolve_backend
-from sharderd.config import Config
+from sharderd.config import Config, SearchOptions
 from sharderd.errors import PlanInfeasibleError, SharderdError
 from sharderd.job.prove import Emit, Prover, ProveResult
 from sharderd.job.session import (
@@ -40,13 +40,9 @@ class JobSpec:
     stem: str
     devices: int
     config: Config
+    search: SearchOptions
+    """The effective search options, resolved by the caller (``sharderd.config.search_options``)."""
     target: str | None = None
-    backend: str = "auto"
-    optimal_perf: bool = False
-    max_attempts: int | None = None
-    parallel: int | None = None
-    attempt_timeout: float | None = None
-    kill_grace: float | None = None
     job_id: str = "cli"
     priority: int = 0
     isolate_planning: bool = False
@@ -93,8 +89,8 @@ async def shard_job(
 ) -> JobResult:
     config = spec.config
     target = config.target(spec.target)
-    backend = resolve_backend(spec.backend, target)
-    emit("backend.selected", {"backend": backend, "requested": spec.backend, "target": target.name})
+    backend = resolve_backend(spec.search.backend, target)
+    emit("backend.selected", {"backend": backend, "requested": spec.search.backend, "target": target.name})
     session: PlanSession
     if spec.isolate_planning:
         try:
@@ -146,11 +142,11 @@ async def shard_job(
                 job_id=spec.job_id,
                 emit=emit,
                 priority=spec.priority,
-                max_attempts=spec.max_attempts or config.search.max_attempts,
-                parallel=spec.parallel or config.search.parallel,
-                timeout=spec.attempt_timeout or config.search.attempt_timeout,
-                kill_grace=config.search.kill_grace if spec.kill_grace is None else spec.kill_grace,
-                optimal_perf=spec.optimal_perf,
+                max_attempts=spec.search.max_attempts,
+                parallel=spec.search.parallel,
+                timeout=spec.search.attempt_timeout,
+                kill_grace=spec.search.kill_grace,
+                optimal_perf=spec.search.optimal_perf,
                 env=env,
                 argv_prefix=argv_prefix,
                 reference_model=spec.model,

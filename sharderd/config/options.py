@@ -1,0 +1,73 @@
+"""The effective options of one job's proving search, resolved once from flags, sidecar and config.
+
+``[search]`` holds them for ``sharderd shard``; a daemon job takes the ``[daemon]`` keys that
+repeat them (its pool, limits and default backend serve every job). The CLI and the daemon call
+``search_options`` when they build a job; the job itself only reads the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from sharderd.config.schema import Config
+
+__all__ = ["SearchOptions", "search_options"]
+
+
+@dataclass(frozen=True, slots=True)
+class SearchOptions:
+    """What one job proves with; every field is set (no defaults here: the config has them)."""
+
+    backend: str
+    """As requested (``auto`` included); ``resolve_backend`` picks the real one."""
+    optimal_perf: bool
+    max_attempts: int
+    """Compiles at most, speculative ones included."""
+    parallel: int
+    """Attempts of this job at once."""
+    attempt_timeout: float
+    kill_grace: float
+
+
+def search_options(
+    config: Config,
+    *,
+    daemon: bool = False,
+    backend: str | None = None,
+    optimal_perf: bool | None = None,
+    max_attempts: int | None = None,
+    parallel: int | None = None,
+    attempt_timeout: float | None = None,
+    kill_grace: float | None = None,
+) -> SearchOptions:
+    """Each argument given (a flag, a sidecar key) wins; else, with ``daemon``, the ``[daemon]``
+    key (``backend``, ``max_attempts``, ``max_parallel_compiles``, ``attempt_timeout``,
+    ``kill_grace``); else ``[search]``'s. ``None`` means not given."""
+    search = config.search
+    options = SearchOptions(
+        backend=search.backend,
+        optimal_perf=search.optimal_perf,
+        max_attempts=search.max_attempts,
+        parallel=search.parallel,
+        attempt_timeout=search.attempt_timeout,
+        kill_grace=search.kill_grace,
+    )
+    if daemon:
+        d = config.daemon
+        options = replace(
+            options,
+            backend=d.backend,
+            max_attempts=d.max_attempts,
+            parallel=d.max_parallel_compiles,
+            attempt_timeout=d.attempt_timeout,
+            kill_grace=d.kill_grace,
+        )
+    given = {
+        "backend": backend,
+        "optimal_perf": optimal_perf,
+        "max_attempts": max_attempts,
+        "parallel": parallel,
+        "attempt_timeout": attempt_timeout,
+        "kill_grace": kill_grace,
+    }
+    return replace(options, **{k: v for k, v in given.items() if v is not None})
