@@ -16,14 +16,20 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
     "BackendUnavailableError",
+    "BadJobError",
     "CompileFailedError",
     "ConfigError",
     "DimsUnresolvedError",
+    "InternalError",
+    "JobCancelledError",
     "ModelInvalidError",
     "OutputWriteError",
     "PlanInfeasibleError",
     "SharderdError",
+    "StorageError",
     "VerificationError",
+    "WorkerCrashedError",
+    "WorkerDiedError",
     "sole_exception",
 ]
 
@@ -156,6 +162,72 @@ class VerificationError(SharderdError):
     exit_code = EXIT_FAILED
     reason = "verification_failed"
 
+
+
+class WorkerDiedError(SharderdError):
+    """The planning worker ended without answering. ``signal`` is what killed it, else None.
+
+    A worker that exits with a status ran into a Python error that will recur; one killed by a
+    signal (the OOM killer, a segfault) may have been a victim of memory pressure, so the daemon
+    runs its job again.
+    """
+
+    def __init__(
+        self, message: str, *, hint: str | None = None, exit_status: int | None = None, signal: int | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.exit_status = exit_status
+        self.signal = signal
+
+
+# -- the daemon's job failures (``failed/<name>/error.json`` carries ``reason``) ----------------
+
+
+class BadJobError(SharderdError):
+    """The inbox entry can never be a job (two models in a folder, a link, an unreadable folder)."""
+
+    reason = "bad_job"
+
+
+class WorkerCrashedError(SharderdError):
+    """The planning worker, or the daemon itself, died during every run the job was allowed."""
+
+    reason = "worker_crashed"
+
+
+class JobCancelledError(SharderdError):
+    """Someone asked for the job to stop (``sharderd cancel``, ``inbox/<name>.cancel``)."""
+
+    reason = "cancelled"
+
+
+class InternalError(SharderdError):
+    """A bug in sharderd ended the job; the daemon log has the traceback."""
+
+    reason = "internal_error"
+
+    @classmethod
+    def of(cls, exc: BaseException) -> InternalError:
+        return cls(
+            f"internal error: {type(exc).__name__}: {exc}",
+            hint="This is a bug in sharderd. The daemon log has the traceback (search it for this job id); "
+            "please report it with that traceback attached.",
+        )
+
+
+class StorageError(SharderdError):
+    """The daemon could not read or write the job's files (disk full, permissions): not a bug."""
+
+    reason = "storage"
+
+    @classmethod
+    def of(cls, exc: OSError) -> StorageError:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return cls(
+            f"sharderd could not read or write this job's files: {exc.strerror or exc}{where}",
+            hint="Free disk space or give the sharderd user access to that folder (inbox, outbox and "
+            "state_dir must stay writable), then move the input back into the inbox.",
+        )
 
 def sole_exception(exc: BaseException) -> BaseException:
     """The one exception inside nested single-member groups (anyio task groups always wrap)."""

@@ -44,14 +44,15 @@ import anyio.abc
 from sharderd import __version__
 from sharderd.config import Config
 from sharderd.daemon.control import Canceller, ControlWatch
+from sharderd.daemon.filing import JobContext, cancel_claimed
 from sharderd.daemon.intake import ClaimedJob
-from sharderd.daemon.jobs import JobContext, cancel_claimed, finish_recovered, run_job
+from sharderd.daemon.jobs import run_job
 from sharderd.daemon.journal import Journal, RecoveredJob
 from sharderd.daemon.metrics import MetricsExporter
 from sharderd.daemon.notify import Notifier, child_env, watchdog_interval
 from sharderd.daemon.procs import kill_children
 from sharderd.daemon.queue import JobQueue, Seen, Waiting
-from sharderd.daemon.recovery import recover_jobs
+from sharderd.daemon.recovery import finish_recovered, recover_jobs
 from sharderd.daemon.startup import Opened, open_daemon
 from sharderd.daemon.status import JobProgress, StatusBoard
 from sharderd.daemon.watch import InboxEvents, InboxWatcher

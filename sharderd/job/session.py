@@ -28,6 +28,7 @@ from sharderd.errors import (
     OutputWriteError,
     PlanInfeasibleError,
     SharderdError,
+    WorkerDiedError,
 )
 from sharderd.graph.analyze import Analysis
 from sharderd.report.build import model_facts, plan_section
@@ -208,8 +209,10 @@ class WorkerSession:
                     chunk = await self._process.stdout.receive()
                 except anyio.EndOfStream:
                     code = await self._process.wait()
-                    raise SharderdError(
-                        f"the planning worker died (exit status {code}): {self._stderr_tail()}"
+                    raise WorkerDiedError(
+                        f"the planning worker died (exit status {code}): {self._stderr_tail()}",
+                        exit_status=code if code >= 0 else None,
+                        signal=-code if code < 0 else None,
                     ) from None
                 self._buffer += chunk
             line, _, self._buffer = self._buffer.partition(b"\n")
