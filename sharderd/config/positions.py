@@ -10,7 +10,7 @@ looks like a key inside a value is never taken for one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["key_lines", "line_of"]
 
@@ -97,31 +97,27 @@ class _Scanner:
         char = self._peek()
         if char in ('"', "'"):
             self._string()
-        elif char == "[":
-            self.pos += 1
-            while True:
-                self._skip_blank(newlines=True)
-                if self._peek() == "]":
-                    self.pos += 1
-                    return
-                if self._peek() == ",":
-                    self.pos += 1
-                    continue
-                self._value(path)
-        elif char == "{":
-            self.pos += 1
-            while True:
-                self._skip_blank()
-                if self._peek() == "}":
-                    self.pos += 1
-                    return
-                if self._peek() == ",":
-                    self.pos += 1
-                    continue
-                self._key_value(path)
+        elif char == "[":  # an array may span lines, comments included
+            self._items("]", lambda: self._value(path), newlines=True)
+        elif char == "{":  # an inline table is one line
+            self._items("}", lambda: self._key_value(path), newlines=False)
         else:  # a number, boolean or date: up to the next delimiter
             while self.pos < len(self.text) and self.text[self.pos] not in ",]}#\n":
                 self.pos += 1
+
+    def _items(self, close: str, item: Callable[[], None], *, newlines: bool) -> None:
+        """From the opening bracket past ``close``: ``item`` reads each element."""
+        self.pos += 1
+        while True:
+            self._skip_blank(newlines=newlines)
+            char = self._peek()
+            if char == close:
+                self.pos += 1
+                return
+            if char == ",":
+                self.pos += 1
+            else:
+                item()
 
     def _string(self) -> None:
         quote = self.text[self.pos]
