@@ -199,7 +199,9 @@ class DaemonConfig:
     kill_grace: float = 10.0
     """Seconds between SIGTERM and SIGKILL of an attempt."""
     max_attempts: int = 8
-    """Compile attempts per job, and worker crashes per job before it goes to ``failed/``."""
+    """Compile attempts per job; also its worker crashes when ``max_worker_crashes`` is unset."""
+    max_worker_crashes: int | None = None
+    """Runs of a job whose planning worker (or the daemon itself) died, across restarts, before it goes to ``failed/``; unset: the job's ``max_attempts``."""
     settle_seconds: float = 5.0
     """A file unchanged (size, mtime, inode) this long is complete."""
     rescan_interval: float = 30.0
@@ -229,6 +231,11 @@ class DaemonConfig:
         _check(self.devices >= 1, "daemon.devices", "must be >= 1")
         _check(self.max_parallel_compiles >= 1, "daemon.max_parallel_compiles", "must be >= 1")
         _check(self.max_attempts >= 1, "daemon.max_attempts", "must be >= 1")
+        _check(
+            self.max_worker_crashes is None or self.max_worker_crashes >= 1,
+            "daemon.max_worker_crashes",
+            "must be >= 1",
+        )
         _check(self.attempt_timeout > 0, "daemon.attempt_timeout", "must be > 0")
         _check(self.settle_seconds >= 0, "daemon.settle_seconds", "must be >= 0")
         _check(self.rescan_interval > 0, "daemon.rescan_interval", "must be > 0")
@@ -238,6 +245,15 @@ class DaemonConfig:
             "daemon.metrics_port",
             "must be a TCP port, 0..65535",
         )
+
+    def worker_crash_limit(self, max_attempts: int) -> int:
+        """Runs a job may lose to a dying worker: ``max_worker_crashes``, else the job's
+        ``max_attempts`` (its sidecar's or this section's), as before the key existed."""
+        return max_attempts if self.max_worker_crashes is None else self.max_worker_crashes
+
+    def worker_crash_key(self) -> str:
+        """The key that set :meth:`worker_crash_limit`, for messages that tell what to raise."""
+        return "max_attempts" if self.max_worker_crashes is None else "max_worker_crashes"
 
 
 @dataclass(frozen=True, slots=True)

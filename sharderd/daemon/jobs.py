@@ -1,12 +1,13 @@
 """One claimed job, run: options, content key, the planning worker and its compiles.
 
 ``attempts`` is bumped before every run of the planning worker, so a job whose worker (or the
-whole daemon) keeps dying stops at ``max_attempts`` across restarts; a worker killed by a signal
-(``WorkerDiedError.signal``) or an attempt lost with its cluster node runs the job again. A
-shutdown that cancels a job is not a crash: its count is given back and the job stays in
-``processing/`` for the next start. A cancel *request* (the job's ``JobProgress.cancel_requested``
-set before its scope is cancelled) ends the job instead: its attempts are dead by the time the
-cancellation reaches ``run_job``, and it is filed under ``failed/`` with reason ``cancelled``.
+whole daemon) keeps dying stops at ``max_worker_crashes`` (unset: its ``max_attempts``) across
+restarts; a worker killed by a signal (``WorkerDiedError.signal``) or an attempt lost with its
+cluster node runs the job again. A shutdown that cancels a job is not a crash: its count is given
+back and the job stays in ``processing/`` for the next start. A cancel *request* (the job's
+``JobProgress.cancel_requested`` set before its scope is cancelled) ends the job instead: its
+attempts are dead by the time the cancellation reaches ``run_job``, and it is filed under
+``failed/`` with reason ``cancelled``.
 How each ending is made durable is ``daemon/filing.py``.
 
 Failures are values here: an expected one (``SharderdError``) and an unexpected one (a bug) both
@@ -95,7 +96,8 @@ class JobRun:
         self.progress.stage = "hashing"
         self.ctx.board.changed()
         key = await content_key(job, effective)
-        files.journal(sha256=key, priority=options.priority, max_attempts=options.max_attempts)
+        crashes = self.ctx.config.daemon.worker_crash_limit(options.max_attempts)
+        files.journal(sha256=key, priority=options.priority, max_attempts=crashes)
         async with exclusive(self.ctx.inflight, key, on_wait=self._waiting_for_twin):
             original = self.ctx.journal.lookup(key)
             if original is not None and original.job_id != job.job_id:
@@ -124,8 +126,10 @@ class JobRun:
         self.ctx.board.changed()
 
     async def _shard(self, options: JobOptions) -> JobResult:
-        """Run ``shard_job``, again after a worker killed by a signal, up to ``max_attempts`` runs."""
+        """Run ``shard_job``, again after a worker killed by a signal, up to the crash limit."""
         job, ctx, files = self.job, self.ctx, self.files
+        crashes = ctx.config.daemon.worker_crash_limit(options.max_attempts)
+        crash_key = ctx.config.daemon.worker_crash_key()
         assert job.model is not None
         config = replace(ctx.config, plan=options.plan_config(ctx.config.plan))
         search = search_options(
@@ -149,10 +153,10 @@ class JobRun:
         )
         files.journal(state="planning")
         while True:
-            if files.record.attempts >= options.max_attempts:
+            if files.record.attempts >= crashes:
                 raise WorkerCrashedError(
                     f"the planning worker (or sharderd itself) died in each of {files.record.attempts} runs "
-                    f"(max_attempts = {options.max_attempts})",
+                    f"({crash_key} = {crashes})",
                     hint="It was killed by a signal each time, most often the kernel's OOM killer: check "
                     "`journalctl -k` for it, give the host more memory, or raise MemoryMax for the service.",
                 )
@@ -172,7 +176,7 @@ class JobRun:
                 lost = isinstance(error, AttemptLostError)
                 if signum is None and not lost:
                     raise
-                if files.record.attempts >= options.max_attempts:
+                if files.record.attempts >= crashes:
                     continue  # the check above ends the job
                 _log.warning(
                     "job.retried",
@@ -180,7 +184,7 @@ class JobRun:
                     signal=signum,
                     message=error.message,
                     attempts=files.record.attempts,
-                    max_attempts=options.max_attempts,
+                    max_attempts=crashes,
                 )
                 continue
             files.bumped = False

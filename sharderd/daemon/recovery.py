@@ -1,8 +1,9 @@
 """What a daemon does at start for the jobs an earlier run left in ``processing/``.
 
 ``journal.recover`` reads the journal and the folders back; here each job gets its due: a decided
-outcome is finished, a job whose worker kept dying is failed once it reached ``max_attempts``, a
-journal entry without a folder is marked lost, and the rest are resumed, highest priority first.
+outcome is finished, a job whose worker kept dying is failed once it reached
+``max_worker_crashes`` (unset: ``max_attempts``), a journal entry without a folder is marked lost,
+and the rest are resumed, highest priority first.
 Attempts a killed daemon left running are killed first, so none writes into a folder reused now.
 """
 
@@ -36,7 +37,7 @@ def recover_jobs(ctx: JobContext) -> list[Waiting]:
     report = recover(
         dirs.state_dir,
         dirs.outbox,
-        max_attempts=ctx.config.daemon.max_attempts,
+        max_attempts=ctx.config.daemon.worker_crash_limit(ctx.config.daemon.max_attempts),
         journal=ctx.journal,
     )
     for found in report.finish:
@@ -44,7 +45,8 @@ def recover_jobs(ctx: JobContext) -> list[Waiting]:
     for found in report.to_fail:
         attempts = found.record.attempts if found.record else 0
         error = WorkerCrashedError(
-            f"sharderd stopped unexpectedly during each of the {attempts} runs of this job (max_attempts reached)",
+            f"sharderd stopped unexpectedly during each of the {attempts} runs of this job "
+            f"({ctx.config.daemon.worker_crash_key()} reached)",
             hint="The planning worker or a compile may be exhausting the host's memory, which kills the whole "
             "service; check `journalctl -k` for the OOM killer and `journalctl -u sharderd` for this job id.",
         )
