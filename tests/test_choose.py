@@ -17,7 +17,9 @@ def test_prediction_ranks_without_measurements() -> None:
     a = Compiled(0, predicted_s=7e-4)
     b = Compiled(1, predicted_s=6e-4, throughput_per_s=1.0)
     assert best_compiled([a, b], by_measurement=False) is b
-    assert best_compiled([a, Compiled(2, predicted_s=7e-4)], by_measurement=True) is a  # nothing measured
+    assert (
+        best_compiled([a, Compiled(2, predicted_s=7e-4)], by_measurement=True) is a
+    )  # nothing measured
 
 
 def test_ties_keep_the_earlier_attempt() -> None:

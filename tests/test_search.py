@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from sharderd.plan.oom import OomInfo
-from sharderd.plan.search import (
+from sharderd.plan.memory_model import (
     HOPELESS,
-    Observation,
-    SearchState,
-    StageView,
-    amp_retry,
     estimate_scales,
     fit_model,
+)
+from sharderd.plan.observations import (
+    Observation,
+    StageView,
     observe,
+)
+from sharderd.plan.oom import OomInfo
+from sharderd.plan.search import (
+    SearchState,
+    amp_retry,
 )
 
 TILE = 638_976

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from sharderd.job.session import (
     PlanSession,
     WorkerSession,
 )
+from sharderd.report.attempts import attempt_dict
 from sharderd.report.build import report_dict
 from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
@@ -156,7 +157,7 @@ async def shard_job(
             try:
                 proven = await prover.run()
             finally:
-                attempts = [a.to_report() for a in prover.attempts]
+                attempts = [attempt_dict(a) for a in prover.attempts]
             final = await _write_chosen(session, spec, proven)
             status, extra = "compiled", _extra(proven)
     except PlanInfeasibleError as err:
@@ -198,16 +199,7 @@ async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult
     """Write the compiled plan's files for keeps (external data copied, not linked)."""
     chosen = proven.chosen
     final = await session.plan(
-        PlanRequest(
-            spec.devices,
-            chosen.margin,
-            chosen.scale,
-            chosen.orders,
-            str(spec.out_dir),
-            spec.stem,
-            False,
-            chosen.measured_times,
-        )
+        replace(chosen.request, write_dir=str(spec.out_dir), stem=spec.stem, link_external=False)
     )
     if final["plan"]["digest"] != chosen.key.digest:  # the planner is deterministic; this is a bug
         raise SharderdError("internal error: re-planning the compiled split gave a different split")
@@ -232,12 +224,7 @@ def _extra(proven: ProveResult) -> dict[str, Any]:
         if outcome.artifact and Path(outcome.artifact).exists():
             extra["outputs"] = {"compiled": Path(outcome.artifact).name}
         if outcome.benchmark is not None:
-            extra["benchmark"] = {
-                "latency_s": outcome.benchmark.latency_s,
-                "throughput_per_s": outcome.benchmark.throughput_per_s,
-                "stage_times_s": list(outcome.benchmark.stage_times_s),
-                "runs": outcome.benchmark.runs,
-            }
+            extra["benchmark"] = outcome.benchmark.to_dict()
         if outcome.details and "verification" in outcome.details:
             extra["verification"] = outcome.details["verification"]
     return extra

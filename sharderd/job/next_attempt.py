@@ -1,0 +1,332 @@
+"""What to compile next: the plan, a speculative variant, a verdict check, an AMP retry, a
+performance variant. The half of the policy that asks the planner; ``plan/search.py`` holds the
+pure half (what an outcome teaches)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import replace
+from typing import Any
+
+from sharderd.errors import (
+    PlanInfeasibleError,
+)
+from sharderd.job.attempts import AttemptRecord
+from sharderd.job.prover_state import MAX_ESCALATIONS, PERF_BAND, ProverState
+from sharderd.job.session import PlanRequest
+from sharderd.plan.choose import Compiled, best_compiled
+from sharderd.plan.search import (
+    AttemptKey,
+    Observation,
+    amp_retry,
+    hypothesis_scales,
+)
+
+__all__ = ["NextAttempt"]
+
+
+class NextAttempt(ProverState):
+    # -- planning --------------------------------------------------------------------------
+
+    def _request(
+        self,
+        margin: float,
+        scale: tuple[float, ...],
+        orders: tuple[str, ...] | None,
+        write_dir: str | None,
+        devices: int | None = None,
+    ) -> PlanRequest:
+        # No correction learned yet: say so (None), so the planner returns its least overfull split
+        # for a compile to decide instead of refusing without a proof.
+        learned = None if all(x == 1.0 for x in scale) else scale
+        return PlanRequest(
+            devices or self.devices,
+            margin,
+            learned,
+            orders,
+            write_dir=write_dir,
+            stem=self.stem,
+            measured_times=self.measured_times,
+        )
+
+    async def _plan(
+        self, *, margin: float, scale: tuple[float, ...], orders: tuple[str, ...] | None, amp: float
+    ) -> tuple[dict[str, Any], tuple[float, ...]] | None:
+        """A plan whose (digest, amp) was never tried, escalating the last correction if needed."""
+        state = self.state
+        for _ in range(MAX_ESCALATIONS):
+            result = await self.session.plan(self._request(margin, scale, orders, None))
+            if AttemptKey(result["plan"]["digest"], amp) not in self.tried:
+                self.state = state
+                return result, scale
+            if orders is not None or margin != self.margin:
+                return None  # a variant that reproduces a tried split adds nothing
+            state = state.escalate(state.last_oom_device())
+            scale = state.scales()
+        return None
+
+    async def _candidate(
+        self,
+        label: str,
+        margin: float,
+        scale: tuple[float, ...],
+        orders: tuple[str, ...] | None,
+        amp: float,
+    ) -> AttemptRecord | None:
+        planned = await self._plan(margin=margin, scale=scale, orders=orders, amp=amp)
+        if planned is None:
+            return None
+        _, used_scale = planned
+        index = len(self.attempts)
+        directory = self.workdir / f"attempt-{index}"
+        if directory.exists():
+            shutil.rmtree(directory)
+        request = self._request(margin, used_scale, orders, str(directory))
+        result = await self.session.plan(request)
+        record = AttemptRecord(
+            index=index,
+            label=label,
+            key=AttemptKey(result["plan"]["digest"], amp),
+            margin=margin,
+            scale=used_scale,
+            orders=orders,
+            plan=result["plan"],
+            files=result["files"],
+            directory=directory,
+            request=request,
+            measured_times=self.measured_times,
+        )
+        self.emit(
+            "plan.finished",
+            {
+                "label": label,
+                "digest": record.key.digest,
+                "bottleneck_s": record.predicted_s,
+                "ratio_to_bound": result["plan"]["ratio_to_bound"],
+                "memory_scale": list(used_scale),
+            },
+        )
+        return record
+
+    async def _next(self) -> AttemptRecord | None:
+        if self.fatal is not None or self.done:
+            return None
+        if self.calibrate_pending:
+            self.calibrate_pending = False
+            try:
+                record = await self._candidate(
+                    "re-plan on measured times", self.margin, self.scale, None, self.default_amp
+                )
+            except PlanInfeasibleError:
+                record = None
+            if record is not None:
+                return record
+        if self.need_base and self.infeasible is None:
+            self.need_base = False
+            label = "plan" if not self.attempts else "re-plan after OOM"
+            try:
+                record = await self._candidate(
+                    label, self.margin, self.scale, None, self.default_amp
+                )
+            except PlanInfeasibleError as err:
+                record = None
+                if err.fits_without_margin and self.margin > 1.0 and not self.state.observations:
+                    # Only the margin rules it out: the compiler, not the prior, should decide.
+                    self.margin = 1.0
+                    self.state = replace(self.state, margin=1.0)
+                    self.spec_margins = []
+                    self.need_base = True
+                    return await self._next()
+                record = await self._verdict_check(err)
+            if record is not None:
+                return record
+        if self.infeasible is None and not self._any_ok():
+            spec = await self._speculative()
+            if spec is not None:
+                return spec
+        if self.optimal_perf and self._any_ok():
+            return await self._perf_variant()
+        amp_running = any(a.key.amp != self.default_amp for a in self.running.values())
+        if (
+            self.infeasible is not None
+            and self.backend == "poprt"
+            and not self._any_ok()
+            and not amp_running
+        ):
+            return self._amp_retry()  # one at a time: a higher proportion that compiles runs faster
+        return None
+
+    async def _speculative(self) -> AttemptRecord | None:
+        """A variant for a free pool slot: a larger margin before any OOM, the systemic guess after."""
+        if self.hypothesis_pending:
+            self.hypothesis_pending = False
+            guess = hypothesis_scales(self.state.model(), self.margin)
+            if guess is not None:
+                try:
+                    record = await self._candidate(
+                        "speculative: every device as corrected as the worst",
+                        self.margin,
+                        guess,
+                        None,
+                        self.default_amp,
+                    )
+                except PlanInfeasibleError:
+                    record = None
+                if record is not None:
+                    return record
+        if self.spec_margins and not self.state.observations:
+            margin = self.spec_margins.pop(0)
+            try:
+                record = await self._candidate(
+                    f"speculative margin {margin:g}", margin, self.scale, None, self.default_amp
+                )
+            except PlanInfeasibleError:
+                record = None
+            if record is not None:
+                return record
+        return None
+
+    async def _verdict_check(self, err: PlanInfeasibleError) -> AttemptRecord | None:
+        """The corrected model has no split: is that true of every model the compiles allow?
+
+        Without any compile the planner's own proof stands. Otherwise plan with the model exactly
+        as measured (``SearchState.estimate``: no margin, no headroom): no split there settles
+        "does not fit"; a split there is compiled, because the verdict would rest on the margin.
+        """
+        if not self.state.observations:
+            self.infeasible = err
+            return None
+        estimate = self.state.estimate()
+        try:
+            planned = await self._plan(
+                margin=1.0, scale=estimate, orders=None, amp=self.default_amp
+            )
+        except PlanInfeasibleError as settled:
+            self.infeasible = settled
+            return None
+        if planned is None:  # its split was compiled already and ran out of memory
+            self.infeasible = err
+            return None
+        return await self._candidate(
+            "verdict check: the model as measured, no margin", 1.0, estimate, None, self.default_amp
+        )
+
+    def _amp_retry(self) -> AttemptRecord | None:
+        """At most one lower ``available_memory_proportion`` per level, and only when its share can close the gap."""
+        ooms = [
+            (o, a)
+            for a in self.attempts
+            for o in self.state.observations
+            if o.attempt == a.index
+            and not o.fits
+            and a.outcome is not None
+            and a.outcome.outcome == "oom"
+        ]
+        if not ooms:
+            return None
+        tried_amps = sorted({a.key.amp for _, a in ooms}, reverse=False)
+        lowest = tried_amps[0]
+        at_lowest = [(o, a) for o, a in ooms if a.key.amp == lowest]
+        observation, base = min(
+            at_lowest,
+            key=lambda pair: pair[0].measured if pair[0].measured is not None else math.inf,
+        )
+        amp = amp_retry(observation, lowest, self.config.search.amp_fallbacks)
+        if amp is None:
+            if not self.settle_note:
+                self.settle_note = self._amp_note(observation)
+            return None
+        key = AttemptKey(base.key.digest, amp)
+        if key in self.tried:
+            return None
+        index = len(self.attempts)
+        return AttemptRecord(
+            index=index,
+            label=f"available_memory_proportion {amp:g}",
+            key=key,
+            margin=base.margin,
+            scale=base.scale,
+            orders=base.orders,
+            plan=base.plan,
+            files=base.files,
+            directory=base.directory.parent / f"attempt-{index}",
+            request=base.request,
+            measured_times=base.measured_times,
+        )
+
+    def _amp_note(self, observation: Observation) -> str:
+        if observation.stage is None or observation.measured is None:
+            return ""
+        lowest = min(self.config.search.amp_fallbacks, default=observation.amp)
+        share = (
+            observation.stage.activation_share * (1 - lowest / observation.amp)
+            if observation.amp
+            else 0.0
+        )
+        return (
+            f"; a lower available_memory_proportion was not tried: the conv/matmul temporaries it bounds are at most "
+            f"{share * 100:.0f}% of device {observation.stage.device}'s worst tile even at {lowest:g}, "
+            f"the gap is {(observation.measured - 1) / observation.measured * 100:.0f}%"
+        )
+
+    async def _perf_variant(self) -> AttemptRecord | None:
+        if self.perf_variants is None:
+            margins = sorted(
+                {
+                    self.margin,
+                    self.margin * 1.1,
+                    self.margin * 1.25,
+                    *self.config.search.speculative_margins,
+                }
+            )
+            self.perf_variants = [
+                (m, o) for m in margins for o in (None, ("file",), ("depth_first",))
+            ]
+        best = self._best_ok()
+        assert best is not None
+        batch = self.config.plan.batch_size
+        periods = {a.index: p for a in self.attempts if (p := a.measured_period_s(batch))}
+        if not periods or best.index not in periods:
+            return None
+        ratio = min(
+            periods[a.index] / a.predicted_s
+            for a in self.attempts
+            if a.index in periods and a.predicted_s > 0
+        )
+        best_period = periods[best.index]
+        while self.perf_variants:
+            margin, orders = self.perf_variants.pop(0)
+            try:
+                record = await self._candidate(
+                    "optimal-perf variant", margin, self.state.scales(), orders, self.default_amp
+                )
+            except PlanInfeasibleError:
+                continue
+            if record is None:
+                continue
+            if record.predicted_s * ratio * PERF_BAND < best_period:
+                return record
+            shutil.rmtree(record.directory, ignore_errors=True)
+        return None
+
+    def _any_ok(self) -> bool:
+        return any(a.outcome is not None and a.outcome.outcome == "ok" for a in self.attempts)
+
+    def _best_ok(self) -> AttemptRecord | None:
+        oks = {
+            a.index: a for a in self.attempts if a.outcome is not None and a.outcome.outcome == "ok"
+        }
+        choice = best_compiled(
+            [
+                Compiled(
+                    a.index,
+                    a.predicted_s,
+                    a.throughput,
+                    a.outcome.benchmark.latency_s if a.outcome and a.outcome.benchmark else None,
+                )
+                for a in oks.values()
+            ],
+            by_measurement=self.optimal_perf or self.measured_times is not None,
+        )
+        return None if choice is None else oks[choice.attempt]
