@@ -12,6 +12,7 @@ import onnx
 
 from sharderd.config import PlanConfig
 from sharderd.errors import SharderdError
+from sharderd.fsutil import atomic_write
 from sharderd.graph.analyze import Analysis, analyze
 from sharderd.graph.load import load_model
 from sharderd.plan.planner import plan_stages
@@ -19,7 +20,7 @@ from sharderd.plan.types import Plan
 from sharderd.shard.annotate import RoutedInput, annotate, check_annotation
 from sharderd.shard.convert import fix_static_shapes, to_fp16
 from sharderd.shard.poprt_config import manual_sharding_yaml
-from sharderd.shard.write import atomic_write_text, copy_external_data, write_converted, write_model
+from sharderd.shard.write import copy_external_data, write_converted, write_model
 from sharderd.target import Target
 
 __all__ = ["ShardFiles", "analyze_file", "annotated_model", "make_plan", "write_shard_files"]
@@ -104,5 +105,5 @@ def write_shard_files(
         )
         write_model(model, model_path)
     yaml_path = out_dir / f"{stem}.sharding.yaml"
-    atomic_write_text(yaml_path, manual_sharding_yaml(model))
+    atomic_write(yaml_path, manual_sharding_yaml(model))
     return ShardFiles(model_path, yaml_path, tuple(external), routed)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-__all__ = ["BUILTIN_TARGETS", "Target"]
+__all__ = ["BUILTIN_TARGETS", "MK2_TILES", "Target"]
 
 DeviceKind = Literal["ipu", "gpu", "cpu"]
 
@@ -68,15 +68,16 @@ class Target:
         return replace(self, memory_bytes=memory_bytes)
 
 
-_MK2_TILES = 1472
+MK2_TILES = 1472
+"""Tiles of one Mk2 (and Bow) IPU."""
 _MK2_TILE_BYTES = 638_976
 
 BUILTIN_TARGETS: dict[str, Target] = {
     "ipu-mk2": Target(
         name="ipu-mk2",
         kind="ipu",
-        memory_bytes=_MK2_TILES * _MK2_TILE_BYTES,
-        tiles=_MK2_TILES,
+        memory_bytes=MK2_TILES * _MK2_TILE_BYTES,
+        tiles=MK2_TILES,
         bytes_per_tile=_MK2_TILE_BYTES,
         flops_per_s=250e12,
         link_bytes_per_s=64e9,
@@ -87,8 +88,8 @@ BUILTIN_TARGETS: dict[str, Target] = {
     "ipu-bow": Target(
         name="ipu-bow",
         kind="ipu",
-        memory_bytes=_MK2_TILES * _MK2_TILE_BYTES,
-        tiles=_MK2_TILES,
+        memory_bytes=MK2_TILES * _MK2_TILE_BYTES,
+        tiles=MK2_TILES,
         bytes_per_tile=_MK2_TILE_BYTES,
         flops_per_s=350e12,
         link_bytes_per_s=64e9,

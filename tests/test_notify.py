@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from sharderd.daemon.notify import Notifier, child_env, watchdog_interval
+from sharderd.childenv import child_env
+from sharderd.daemon.notify import Notifier, watchdog_interval
 
 
 @pytest.fixture

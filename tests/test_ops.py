@@ -40,7 +40,7 @@ from sharderd.cli import main as cli_main
 from sharderd.cli.status import read_status
 from sharderd.config import load_config
 from sharderd.daemon.metrics import ATTEMPT_BUCKETS_S, AttemptStats, DaemonFigures, render_metrics
-from sharderd.daemon.status import iso_time
+from sharderd.isotime import iso_time
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the daemon reads /proc and uses inotify")
 

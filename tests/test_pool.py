@@ -12,7 +12,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sharderd.backends.pool import STRIPPED_ENV, AttemptPool, run_process
+from sharderd.backends.pool import AttemptPool, run_process
+from sharderd.childenv import SYSTEMD_ONLY_ENV as STRIPPED_ENV
 
 CHILDREN = Path(__file__).parent / "children"
 MIB = 1 << 20

@@ -31,12 +31,10 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from sharderd.childenv import child_env
 from sharderd.procfs import PROC, processes
 
-__all__ = ["STRIPPED_ENV", "AttemptPool", "ProcessResult", "child_environment", "run_process"]
-
-STRIPPED_ENV: tuple[str, ...] = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
-"""systemd hands these to the daemon alone; a child that inherited them could notify for it."""
+__all__ = ["AttemptPool", "ProcessResult", "run_process"]
 
 _POLL_S = 0.02
 """How often group membership is re-checked while stragglers have their SIGTERM grace."""
@@ -67,12 +65,6 @@ class ProcessResult:
     pid: int
 
 
-def child_environment(env: Mapping[str, str] | None) -> dict[str, str]:
-    """Return ``env`` (default: ours) without the systemd notification variables."""
-    source = os.environ if env is None else env
-    return {key: value for key, value in source.items() if key not in STRIPPED_ENV}
-
-
 async def run_process(
     argv: Sequence[str],
     *,
@@ -89,7 +81,7 @@ async def run_process(
     Args:
         argv: The command; stdin is ``/dev/null``.
         cwd: Working directory of the child.
-        env: Child environment (default: ours), minus :data:`STRIPPED_ENV`.
+        env: Child environment (default: ours), minus systemd's own (``childenv.SYSTEMD_ONLY_ENV``).
         timeout: Seconds before the process group gets SIGTERM.
         kill_grace: Seconds between SIGTERM and SIGKILL of the group.
         tail_bytes: How much of the end of stdout and of stderr to keep.
@@ -109,7 +101,7 @@ async def run_process(
         proc = await anyio.open_process(
             list(argv),
             cwd=cwd,
-            env=child_environment(env),
+            env=child_env(env),
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -22,13 +22,12 @@ import onnx
 from sharderd.backends.poprt_errors import parse_compile_error
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest, BenchmarkResult
 from sharderd.backends.registry import is_available
+from sharderd.shard.annotate import IPU_ATTR, STAGE_ATTR
+from sharderd.target import MK2_TILES
 
 __all__ = ["NOT_INSTALLED", "available", "run_attempt"]
 
 NOT_INSTALLED = "poprt is not installed: install the Poplar SDK or use --backend onnxruntime"
-_MK2_TILES = 1472
-_IPU_ATTR = "__ipu_number"
-_STAGE_ATTR = "__pipeline_stage"
 
 
 def available() -> bool:
@@ -74,7 +73,7 @@ def run_attempt(request: AttemptRequest) -> AttemptOutcome:
     try:
         compiler.Compiler.compile_and_export(compile_path, outputs, request.artifact, options)
     except RuntimeError as exc:
-        tiles = request.tiles_per_device or _MK2_TILES
+        tiles = request.tiles_per_device or MK2_TILES
         outcome, oom, message = parse_compile_error(str(exc), tiles)
         return AttemptOutcome(outcome, message=_join(message, notes), oom=oom)
 
@@ -108,9 +107,9 @@ def _convert(request: AttemptRequest) -> tuple[str, str]:
     source = Path(request.model)
     model = with_inlined(read_model_proto(source), source.parent)
     planned = {
-        node.name: {a.name: a.i for a in node.attribute if a.name in (_IPU_ATTR, _STAGE_ATTR)}
+        node.name: {a.name: a.i for a in node.attribute if a.name in (IPU_ATTR, STAGE_ATTR)}
         for node in model.graph.node
-        if any(a.name in (_IPU_ATTR, _STAGE_ATTR) for a in node.attribute)
+        if any(a.name in (IPU_ATTR, STAGE_ATTR) for a in node.attribute)
     }
     converted = Converter(convert_version=11, precision=request.precision).convert(model)
     converted = poprt.Pass.get_pass("int64_to_int32")(converted)
@@ -126,7 +125,7 @@ def _configure(
     """Set CompilerOptions from the request; returns a short description for the message."""
     opts: Mapping[str, Any] = request.options
     options.num_ipus = request.num_devices
-    annotated = any(a.name == _IPU_ATTR for node in graph.node for a in node.attribute)
+    annotated = any(a.name == IPU_ATTR for node in graph.node for a in node.attribute)
     # One device without annotations compiles as a plain single-IPU model.
     options.virtual_graph_mode = "manual" if annotated or request.num_devices > 1 else "off"
     options.available_memory_proportion = float(opts.get("available_memory_proportion", 0.6))
@@ -157,7 +156,7 @@ def _stage_count(graph: onnx.GraphProto, num_devices: int) -> int:
         int(onnx.helper.get_attribute_value(a))
         for node in graph.node
         for a in node.attribute
-        if a.name == _STAGE_ATTR
+        if a.name == STAGE_ATTR
     }
     return len(stages) if stages else num_devices
 

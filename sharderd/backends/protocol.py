@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from sharderd.fsutil import atomic_write
 from sharderd.plan.oom import OomInfo, OomKind
 
 __all__ = [
@@ -131,6 +132,4 @@ class AttemptOutcome:
         return cls(**values)
 
     def write(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), sort_keys=True), encoding="utf-8")
-        tmp.replace(path)
+        atomic_write(path, json.dumps(self.to_json(), sort_keys=True), durable=False)

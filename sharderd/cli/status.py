@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from sharderd.config import Config, DaemonConfig
+from sharderd.daemon.outbox import runtime_dir
 from sharderd.daemon.status import STATUS_FILE, recent_outcomes
 from sharderd.errors import SharderdError
 
-__all__ = ["OPS_CONFIG", "DaemonStatus", "read_status", "render_text", "runtime_dir", "status_json"]
+__all__ = ["OPS_CONFIG", "DaemonStatus", "read_status", "render_text", "status_json"]
 
 OPS_CONFIG: Final = Path("/etc/sharderd/sharderd.toml")
 """The config ``status``, ``retry`` and ``cancel`` read without ``--config`` when it exists: the unit's."""
@@ -47,12 +48,6 @@ class DaemonStatus:
     """``daemon`` (``status.json``) or ``journal``."""
     hint: str | None = None
     """What to try when nothing was found: usually ``--config``, when the built-in defaults were read."""
-
-
-def runtime_dir(daemon: DaemonConfig) -> Path:
-    """Where the daemon writes ``status.json``: ``runtime_dir``, else ``$RUNTIME_DIRECTORY``, else ``state_dir``."""
-    env = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
-    return (daemon.runtime_dir or (Path(env) if env else daemon.state_dir)).absolute()
 
 
 def read_status(config: Config, now: float | None = None) -> DaemonStatus:

@@ -34,8 +34,10 @@ import anyio.abc
 from sharderd.daemon.intake import inspect_entry, is_staging_name
 from sharderd.daemon.outbox import rename_unique
 from sharderd.daemon.queue import JobQueue, Seen, Waiting
-from sharderd.daemon.status import StatusBoard, iso_time
+from sharderd.daemon.status import StatusBoard
 from sharderd.errors import EXIT_BAD_INPUT, ConfigError, SharderdError
+from sharderd.fsutil import atomic_write
+from sharderd.isotime import iso_time
 from sharderd.logs import get_logger
 
 __all__ = [
@@ -139,18 +141,10 @@ def request_cancel(state_dir: Path, job_id: str) -> Path:
         raise SharderdError(f"{control} does not exist: no daemon has run with state_dir {state_dir}",
                             hint="Check --config: it must name the daemon's configuration.")
     final = control / f"{_CANCEL_PREFIX}{job_id}"
-    tmp = control / f".{final.name}.{os.getpid()}.tmp"
     body = json.dumps({"job_id": job_id, "requested": iso_time(time.time()), "uid": os.getuid(), "pid": os.getpid()})
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            os.fchmod(fd, 0o644)  # the daemon (another user) must read it whatever our umask
-            os.write(fd, body.encode() + b"\n")
-        finally:
-            os.close(fd)
-        tmp.replace(final)
+    try:  # 0644 whatever our umask: the daemon (another user) must read it
+        atomic_write(final, body + "\n", mode=0o644, exact_mode=True, durable=False)
     except PermissionError:
-        tmp.unlink(missing_ok=True)
         raise SharderdError(f"cannot write to {control}: permission denied",
                             hint="Run it as the daemon's user, e.g. `sudo -u sharderd sharderd cancel ...`, or as root.") from None
     return final

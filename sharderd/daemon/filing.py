@@ -50,7 +50,7 @@ class JobContext:
     pool: AttemptPool
     board: StatusBoard
     env: Mapping[str, str]
-    """Environment of planning workers and attempts (``notify.child_env()``)."""
+    """Environment of planning workers and attempts (``childenv.child_env()``)."""
     inflight: dict[str, anyio.Event] = field(default_factory=dict)
     """Content keys being computed now: a second job with the same key waits, then is a duplicate."""
 

@@ -43,6 +43,8 @@ from typing import Final, Literal, final
 
 from watchfiles import Change, DefaultFilter
 
+from sharderd.fsutil import fsync_dir
+
 __all__ = [
     "DIR_SIDECAR",
     "Candidate",
@@ -338,18 +340,10 @@ def claim(candidate: Candidate, processing_dir: Path, job_id: str, *, dir_mode: 
                 candidate.sidecar.rename(sidecar)
             except FileNotFoundError:
                 sidecar = None
-    _fsync_dir(job_dir)
-    _fsync_dir(candidate.path.parent)
+    fsync_dir(job_dir)
+    fsync_dir(candidate.path.parent)
     model = None if candidate.model is None else entry / candidate.model.relative_to(candidate.path)
     return ClaimedJob(job_id, candidate.name, candidate.kind, job_dir, entry, model, sidecar, candidate.problem)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def new_job_id(now: float | None = None) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -24,7 +23,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Final, Literal, final, get_args
 
-from sharderd.daemon.outbox import TMP_PREFIX, find_published, fsync_dir
+from sharderd.daemon.outbox import TMP_PREFIX, find_published
+from sharderd.fsutil import atomic_write, fsync_dir, write_temp
+from sharderd.isotime import iso_time
 
 __all__ = [
     "TERMINAL_STATES",
@@ -42,6 +43,8 @@ TERMINAL_STATES: Final[frozenset[str]] = frozenset({"succeeded", "failed", "dupl
 _STATES: Final = frozenset(get_args(JobState))
 _SHA256: Final = re.compile(r"[0-9a-f]{64}")
 _JOB_ID: Final = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.-]*")
+_MODE: Final = 0o640
+"""Journal and index files, less the umask: the journal names every job and where it went."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +128,11 @@ class Journal:
 
     def record(self, job: JobRecord) -> JobRecord:
         """Write ``job`` durably, stamping ``created`` (first time) and ``updated``; returns what was written."""
-        stamp = _iso(self.now())
+        stamp = iso_time(self.now())
         job = replace(job, created=job.created or stamp, updated=stamp)
         self.journal_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self._path(job.job_id), json.dumps(asdict(job), indent=1, sort_keys=True, default=str))
+        text = json.dumps(asdict(job), indent=1, sort_keys=True, default=str)
+        atomic_write(self._path(job.job_id), text, mode=_MODE)
         return job
 
     def bump_attempts(self, job_id: str) -> JobRecord:
@@ -151,8 +155,8 @@ class Journal:
         """Make ``result`` the original for ``sha256`` unless a live one exists; returns the winner."""
         self.index_dir.mkdir(parents=True, exist_ok=True)
         final = self._index_path(sha256)
-        entry = IndexEntry(sha256, str(result), job_id, _iso(self.now()))
-        tmp = _write_temp(final, json.dumps(asdict(entry), sort_keys=True))
+        entry = IndexEntry(sha256, str(result), job_id, iso_time(self.now()))
+        tmp = write_temp(final, json.dumps(asdict(entry), sort_keys=True), mode=_MODE)
         try:
             while True:
                 try:
@@ -184,34 +188,6 @@ class Journal:
         if not _SHA256.fullmatch(sha256):
             raise ValueError(f"bad content key {sha256!r}: expected 64 lowercase hex digits")
         return self.index_dir / f"{sha256}.json"
-
-
-def _write_temp(final: Path, text: str) -> Path:
-    tmp = final.with_name(f".{final.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
-    try:
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # disk full: leave no temp file behind for the next write to trip on
-        raise
-    finally:
-        os.close(fd)
-    return tmp
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = _write_temp(path, text)
-    try:
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,6 @@ import bisect
 import contextlib
 import itertools
 import math
-import os
 import platform
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -36,6 +35,7 @@ import anyio.to_thread
 
 from sharderd.backends.protocol import OUTCOMES
 from sharderd.errors import ConfigError
+from sharderd.fsutil import atomic_write
 from sharderd.logs import get_logger
 
 __all__ = [
@@ -45,7 +45,6 @@ __all__ = [
     "DaemonFigures",
     "MetricsExporter",
     "render_metrics",
-    "replace_file",
 ]
 
 _log = get_logger(__name__)
@@ -178,25 +177,6 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
-def replace_file(path: Path, text: str, *, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``text`` atomically, with exactly ``mode`` (the umask does not apply).
-
-    Not fsynced: status and metrics are rewritten within seconds, and are worthless after a crash.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-    try:
-        try:
-            os.fchmod(fd, mode)
-            os.write(fd, text.encode("utf-8"))
-        finally:
-            os.close(fd)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # disk full: no temp file left behind
-        raise
-
-
 @final
 class MetricsExporter:
     """Writes the textfile and feeds the optional HTTP endpoint; inert when neither is configured."""
@@ -246,7 +226,7 @@ class MetricsExporter:
         if self.textfile is None:
             return
         try:
-            replace_file(self.textfile, text)
+            atomic_write(self.textfile, text, mode=0o644, exact_mode=True, durable=False)
         except OSError as exc:
             error = f"{exc.strerror or exc}: {exc.filename or self.textfile}"
             if error != self._last_error:  # once per distinct problem, not every half second

@@ -13,14 +13,11 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from typing import Final, final
+from typing import final
 
 from sharderd.logs import get_logger
 
-__all__ = ["CHILD_ENV_DROP", "Notifier", "child_env", "watchdog_interval"]
-
-CHILD_ENV_DROP: Final = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
-"""Variables that address this service's manager; a child that inherits them could ping for us."""
+__all__ = ["Notifier", "watchdog_interval"]
 
 _log = get_logger(__name__)
 
@@ -99,9 +96,3 @@ def watchdog_interval(env: Mapping[str, str] | None = None) -> float | None:
     if usec <= 0 or (pid and pid != str(os.getpid())):
         return None
     return usec / 2 / 1_000_000
-
-
-def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A copy of ``env`` (default ``os.environ``) fit for an attempt subprocess."""
-    env = os.environ if env is None else env
-    return {k: v for k, v in env.items() if k not in CHILD_ENV_DROP}

@@ -25,6 +25,8 @@ from typing import Any, Final
 
 from sharderd.config import DaemonConfig
 from sharderd.errors import ConfigError, SharderdError
+from sharderd.fsutil import fsync_dir
+from sharderd.isotime import iso_time
 
 __all__ = [
     "JOB_MARKER",
@@ -33,10 +35,10 @@ __all__ = [
     "check_same_filesystem",
     "fail_job",
     "find_published",
-    "fsync_dir",
     "prepare_dirs",
     "publish",
     "rename_unique",
+    "runtime_dir",
     "tmp_dir_for",
 ]
 
@@ -111,7 +113,7 @@ def fail_job(processing_job_dir: Path, failed_dir: Path, name: str,
     info.setdefault("exit_code", 1)
     info["job_id"] = processing_job_dir.name
     info["name"] = name
-    info["time"] = _iso(time.time() if now is None else now)
+    info["time"] = iso_time(time.time() if now is None else now)
     failed_dir.mkdir(parents=True, exist_ok=True)
     held = sorted(p.name for p in processing_job_dir.iterdir() if not p.name.startswith("."))
     files = _FailureFiles(processing_job_dir, info, held, model, config_path, file_mode)
@@ -284,19 +286,6 @@ def _write_synced(path: Path, text: str, mode: int) -> None:
         os.fsync(fd)
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a folder's entries (a rename, a new file) survive a power cut."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
-
-
 def check_same_filesystem(inbox: Path, processing: Path, outbox: Path, *more: Path) -> None:
     """Refuse folders on different filesystems: claims and results are renames, atomic only within one."""
     paths = {"inbox": inbox, "processing": processing, "outbox": outbox} | {p.name: p for p in more}
@@ -335,8 +324,7 @@ class DaemonDirs:
 def prepare_dirs(config: DaemonConfig, *, create_inbox: bool = True) -> DaemonDirs:
     """Create every folder (mode ``dir_mode``) and check it is usable; ``ConfigError`` names the path."""
     state = config.state_dir
-    runtime_env = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
-    runtime = config.runtime_dir or (Path(runtime_env) if runtime_env else state)
+    runtime = runtime_dir(config)
     dirs = DaemonDirs(
         inbox=config.inbox, outbox=config.outbox, state_dir=state, processing=state / "processing",
         failed=state / "failed", done=state / "done", journal=state / "journal", index=state / "index",
@@ -349,6 +337,12 @@ def prepare_dirs(config: DaemonConfig, *, create_inbox: bool = True) -> DaemonDi
         _ensure_dir(getattr(dirs, label), config.dir_mode, label)
     check_same_filesystem(dirs.inbox, dirs.processing, dirs.outbox, dirs.failed, dirs.done)
     return dirs
+
+
+def runtime_dir(config: DaemonConfig) -> Path:
+    """Where ``status.json`` lives: ``runtime_dir``, else ``$RUNTIME_DIRECTORY``, else ``state_dir``."""
+    env = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    return (config.runtime_dir or (Path(env) if env else config.state_dir)).absolute()
 
 
 def _check_layout(dirs: DaemonDirs) -> None:

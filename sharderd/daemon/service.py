@@ -42,6 +42,7 @@ import anyio
 import anyio.abc
 
 from sharderd import __version__
+from sharderd.childenv import child_env
 from sharderd.config import Config
 from sharderd.daemon.control import Canceller, ControlWatch
 from sharderd.daemon.filing import JobContext, cancel_claimed
@@ -49,7 +50,7 @@ from sharderd.daemon.intake import ClaimedJob
 from sharderd.daemon.jobs import run_job
 from sharderd.daemon.journal import Journal, RecoveredJob
 from sharderd.daemon.metrics import MetricsExporter
-from sharderd.daemon.notify import Notifier, child_env, watchdog_interval
+from sharderd.daemon.notify import Notifier, watchdog_interval
 from sharderd.daemon.procs import kill_children
 from sharderd.daemon.queue import JobQueue, Seen, Waiting
 from sharderd.daemon.recovery import finish_recovered, recover_jobs

@@ -29,9 +29,11 @@ import anyio
 
 from sharderd.backends.pool import AttemptPool
 from sharderd.daemon.journal import TERMINAL_STATES
-from sharderd.daemon.metrics import AttemptStats, DaemonFigures, replace_file
+from sharderd.daemon.metrics import AttemptStats, DaemonFigures
+from sharderd.fsutil import atomic_write
+from sharderd.isotime import iso_time
 
-__all__ = ["RECENT_S", "STATUS_FILE", "DaemonState", "JobProgress", "StatusBoard", "iso_time", "recent_outcomes"]
+__all__ = ["RECENT_S", "STATUS_FILE", "DaemonState", "JobProgress", "StatusBoard", "recent_outcomes"]
 
 STATUS_FILE: Final = "status.json"
 RECENT_S: Final = 24 * 3600.0
@@ -40,11 +42,6 @@ _PENDING_LISTED: Final = 100
 """Pending jobs listed by id in ``status.json`` (the count is always exact)."""
 
 DaemonState = Literal["starting", "ready", "stopping", "stopped"]
-
-
-def iso_time(t: float) -> str:
-    """UTC ISO 8601 with milliseconds, as the log's ``ts``."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
 
 
 @dataclass(slots=True)
@@ -207,7 +204,8 @@ class StatusBoard:
 
     def write(self, now: float | None = None) -> Path:
         """Replace ``status.json`` atomically (mode 0644); returns its path."""
-        replace_file(self.path, json.dumps(self.snapshot(now), indent=1) + "\n", mode=0o644)
+        text = json.dumps(self.snapshot(now), indent=1) + "\n"
+        atomic_write(self.path, text, mode=0o644, exact_mode=True, durable=False)
         return self.path
 
 

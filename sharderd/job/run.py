@@ -17,6 +17,7 @@ from sharderd.backends.pool import AttemptPool
 from sharderd.backends.registry import resolve_backend
 from sharderd.config import Config, SearchOptions
 from sharderd.errors import PlanInfeasibleError, SharderdError
+from sharderd.fsutil import atomic_write
 from sharderd.job.prove import Emit, Prover, ProveResult
 from sharderd.job.session import (
     LocalSession,
@@ -29,7 +30,6 @@ from sharderd.report.attempts import attempt_dict
 from sharderd.report.build import report_dict
 from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
-from sharderd.shard.write import atomic_write_text
 
 __all__ = ["JobFailed", "JobResult", "JobSpec", "shard_job", "write_report"]
 
@@ -74,9 +74,9 @@ class JobFailed(SharderdError):
 def write_report(report: Mapping[str, Any], out_dir: Path) -> None:
     """report.json is the source; report.md and report.html are its renderings for people."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_dir / "report.json", json.dumps(report, indent=1) + "\n")
-    atomic_write_text(out_dir / "report.md", render_markdown(report))
-    atomic_write_text(out_dir / "report.html", render_html(report))
+    atomic_write(out_dir / "report.json", json.dumps(report, indent=1) + "\n")
+    atomic_write(out_dir / "report.md", render_markdown(report))
+    atomic_write(out_dir / "report.html", render_html(report))
 
 
 async def shard_job(

@@ -8,26 +8,13 @@ from pathlib import Path
 
 import onnx
 
+from sharderd.fsutil import atomic_write
 from sharderd.graph.load import ExternalFile
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "copy_external_data", "write_converted", "write_model"]
+__all__ = ["copy_external_data", "write_converted", "write_model"]
 
 _INLINE_LIMIT = 2**31 - 2**26
 """Below protobuf's 2 GiB with room for the graph itself."""
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Readers never see a partial file under ``path``: write a temp file, fsync, rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def copy_external_data(
@@ -64,7 +51,7 @@ def copy_external_data(
 
 def write_model(model: onnx.ModelProto, path: Path) -> None:
     """Serialise the proto as it is: external tensors keep their (relative) references."""
-    atomic_write_bytes(path, model.SerializeToString())
+    atomic_write(path, model.SerializeToString())
 
 
 def write_converted(model: onnx.ModelProto, path: Path) -> list[Path]:

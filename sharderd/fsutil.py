@@ -1,0 +1,81 @@
+"""Files that readers never see torn, and folder entries that survive a power cut.
+
+One way to replace a file for everyone who writes one: the model and its reports, the job
+journal, ``status.json``, the metrics textfile, an attempt's outcome, a cancel request. A low
+level helper with no sharderd imports, so the engine may use it too.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+__all__ = ["atomic_write", "fsync_dir", "write_temp"]
+
+
+def atomic_write(
+    path: Path,
+    data: bytes | str,
+    *,
+    mode: int = 0o666,
+    exact_mode: bool = False,
+    durable: bool = True,
+) -> None:
+    """Replace ``path`` with ``data``: a reader sees the old file or the new one, never a part.
+
+    ``write_temp``, then a rename; with ``durable`` the folder is fsynced after it, so the new
+    entry survives a crash. On any failure the temp file is removed.
+    """
+    tmp = write_temp(path, data, mode=mode, exact_mode=exact_mode, durable=durable)
+    try:
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def write_temp(
+    path: Path,
+    data: bytes | str,
+    *,
+    mode: int = 0o666,
+    exact_mode: bool = False,
+    durable: bool = True,
+) -> Path:
+    """A new file beside ``path`` holding ``data``, to be renamed or linked onto ``path``.
+
+    Its dotfile name is unique, so two writers never share one; on any failure (disk full) it is
+    removed, so none is left for the next write to trip on.
+
+    Args:
+        mode: Permission bits, less the umask (as ``open`` does) unless ``exact_mode``: then
+            exactly these, whatever the umask.
+        durable: fsync the data; off for files rewritten within seconds (status, metrics).
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        with open(fd, "wb") as f:
+            if exact_mode:
+                os.fchmod(fd, mode)
+            f.write(raw)
+            f.flush()
+            if durable:
+                os.fsync(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (a rename, a new file) survive a power cut."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
