@@ -27,6 +27,8 @@ class ProcStat:
     """``R``, ``S``, ``D``, ``Z`` (zombie awaiting its reaper), ``X`` (dead), ..."""
     ppid: int
     pgrp: int
+    start_ticks: int | None
+    """When it started, in clock ticks since boot (field 22): with the pid, names one process."""
 
 
 def read_stat(pid: int | str) -> ProcStat | None:
@@ -40,7 +42,8 @@ def read_stat(pid: int | str) -> ProcStat | None:
     fields = text[text.rfind(")") + 2 :].split()
     if len(fields) < 3:
         return None
-    return ProcStat(int(pid), fields[0], int(fields[1]), int(fields[2]))
+    start = int(fields[19]) if len(fields) >= 20 else None
+    return ProcStat(int(pid), fields[0], int(fields[1]), int(fields[2]), start)
 
 
 def processes() -> Iterator[ProcStat]:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from sharderd.fsutil import fsync_dir
+
 __all__ = ["TMP_PREFIX", "Digest", "digest", "fsync_tree", "seal"]
 
 TMP_PREFIX: Final = ".tmp-"
@@ -54,15 +56,15 @@ def fsync_tree(path: Path) -> None:
             os.close(fd)
     if path.is_dir():
         for folder in [path, *(p for p in sorted(path.rglob("*")) if p.is_dir())]:
-            _fsync_dir(folder)
-    _fsync_dir(path.parent)
+            fsync_dir(folder)
+    fsync_dir(path.parent)
 
 
 def seal(written: Path, final: Path) -> Digest:
     """Make ``written`` durable, rename it to ``final`` and return its digest."""
     fsync_tree(written)
     written.replace(final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     return digest(final)
 
 
@@ -80,11 +82,3 @@ def _files(path: Path) -> list[tuple[str, Path]]:
         if file.is_file():
             out.append((file.relative_to(path).as_posix(), file))
     return out
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -26,6 +26,9 @@ from typing import Final
 
 import anyio
 
+from sharderd.fsutil import atomic_write
+from sharderd.procfs import read_stat
+
 __all__ = [
     "LOCK_NAME",
     "ensure_sweeper",
@@ -44,33 +47,23 @@ _IDLE_EXIT_S: Final = 60.0
 
 def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
-    except OSError:
+    proc = read_stat(pid)
+    if proc is None or proc.state in "ZX":
         return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    if len(fields) < 20 or fields[0] in "ZX":
-        return None
-    return int(fields[19])
+    return proc.start_ticks
 
 
 def register(sweep_dir: Path, pgid: int, owner: int) -> Path:
     """Record that ``owner`` (this Ray worker) runs the attempt group ``pgid``."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     entry = sweep_dir / f"{pgid}.json"
-    tmp = sweep_dir / f".{pgid}.json.tmp"
-    tmp.write_text(
-        json.dumps(
-            {
-                "pgid": pgid,
-                "owner": owner,
-                "owner_start": start_time(owner),
-                "leader_start": start_time(pgid),
-            }
-        ),
-        encoding="utf-8",
-    )
-    tmp.replace(entry)
+    record = {
+        "pgid": pgid,
+        "owner": owner,
+        "owner_start": start_time(owner),
+        "leader_start": start_time(pgid),
+    }
+    atomic_write(entry, json.dumps(record), durable=False)
     return entry
 
 
