@@ -8,6 +8,7 @@ from sharderd.plan.memory_model import (
     fit_model,
 )
 from sharderd.plan.observations import (
+    AttemptKey,
     Observation,
     StageView,
     observe,
@@ -16,6 +17,7 @@ from sharderd.plan.oom import OomInfo
 from sharderd.plan.search import (
     SearchState,
     amp_retry,
+    learn,
 )
 
 TILE = 638_976
@@ -95,3 +97,15 @@ def test_observe_and_learn_keep_every_observation() -> None:
     assert [o.device for o in new] == [1] and abs((new[0].measured or 0) - 1.2) < 1e-5
     state = SearchState(2, 1.15, 0.6, observations=new)
     assert state.scales()[0] == 1.0 and state.scales()[1] > 1.0
+
+
+def test_an_oom_at_a_lower_amp_rules_the_split_out_at_the_default_too() -> None:
+    """Lowering available_memory_proportion only lowers memory: the split that ran out at 0.3 is
+    marked tried at 0.6 as well; its bytes stay evidence at 0.3 only."""
+    state = SearchState(2, 1.15, 0.6)
+    low = AttemptKey("abc", 0.3)
+    after, _ = learn(state, low, [oom(0, stage(0, 0.8), 1.02, amp=0.3)])
+    assert low in after.tried and AttemptKey("abc", 0.6) in after.tried
+    assert after.model().devices[0].source == "prior"  # the default's model is unchanged
+    fitted, _ = learn(state, AttemptKey("abc", 0.6), [oom(0, stage(0, 0.8), 1.02)])
+    assert fitted.tried == {AttemptKey("abc", 0.6)}

@@ -141,11 +141,16 @@ class SearchState:
 def learn(
     state: SearchState, key: AttemptKey, new: Sequence[Observation]
 ) -> tuple[SearchState, Correction | None]:
-    """The state after one finished compile, and the correction to report for it."""
+    """The state after one finished compile, and the correction to report for it.
+
+    An OOM at a lower ``available_memory_proportion`` is an OOM at the default too (the option
+    only lowers memory): that split is not compiled at the default. (Its bytes stay evidence at
+    their own AMP only: the default's model is fitted from the default's measurements.)"""
     before = state.scales()
-    after_state = replace(
-        state, observations=(*state.observations, *new), tried=state.tried | {key}
-    )
+    tried = state.tried | {key}
+    if any(not o.fits and o.amp < state.default_amp for o in new):
+        tried |= {AttemptKey(key.digest, state.default_amp)}
+    after_state = replace(state, observations=(*state.observations, *new), tried=tried)
     ooms = [o for o in new if not o.fits]
     if not ooms:
         return after_state, None
