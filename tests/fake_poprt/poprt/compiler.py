@@ -756,8 +756,8 @@ def _popef(
         producer = graph.made_by.get(name)
         if producer is None:
             continue
-        for later in {stages[k] for k in users} - {stages[producer]}:
-            stage_send_bytes[stages[producer]] += graph.bytes_of(name)
+        receivers = {stages[k] for k in users} - {stages[producer]}
+        stage_send_bytes[stages[producer]] += graph.bytes_of(name) * len(receivers)
 
     def desc(name: str) -> dict[str, Any]:
         dtype = graph.dtypes.get(name, np.dtype(np.float32))
