@@ -520,7 +520,7 @@ def test_cancel_files_cancel_pending_jobs_by_name_and_by_id(root: Path, capsys: 
 
 def test_retry_moves_a_folder_job_back_and_keeps_a_folder_with_unknown_files(root: Path) -> None:
     """A folder job (its sidecar inside) goes back in one rename; a note left in failed/ keeps that folder."""
-    from sharderd.daemon.control import retry_failed
+    from sharderd.daemon.retry import retry_failed
 
     failed, inbox = root / "failed", root / "inbox"
     inbox.mkdir()

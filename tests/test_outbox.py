@@ -13,12 +13,11 @@ import pytest
 
 from sharderd.config import DaemonConfig
 from sharderd.daemon import outbox as outbox_module
+from sharderd.daemon.dirs import check_same_filesystem, prepare_dirs
 from sharderd.daemon.outbox import (
     JOB_MARKER,
-    check_same_filesystem,
     fail_job,
     find_published,
-    prepare_dirs,
     publish,
     rename_unique,
     tmp_dir_for,

@@ -180,7 +180,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_retry(args: argparse.Namespace) -> int:
-    from sharderd.daemon.control import retry_failed
+    from sharderd.daemon.retry import retry_failed
 
     daemon = _ops_config(args).daemon
     result = retry_failed(

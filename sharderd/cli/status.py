@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sharderd.config import Config, DaemonConfig
-from sharderd.daemon.outbox import runtime_dir
+from sharderd.daemon.dirs import runtime_dir
 from sharderd.daemon.status import STATUS_FILE, recent_outcomes
 from sharderd.errors import SharderdError
 

@@ -1,4 +1,4 @@
-"""Operators' requests: cancel a job, retry a failed one. Files, so they need no port and survive a restart.
+"""Cancel requests: files, so they need no port and survive a restart (retry is ``daemon/retry.py``).
 
 Cancel. ``sharderd cancel JOB_ID`` writes ``state_dir/control/cancel-<job_id>`` (temp file, then
 rename); anyone who may drop jobs may also drop ``inbox/<name>.cancel``, which cancels every pending
@@ -7,13 +7,6 @@ two ``stat`` calls, and a listing only when a folder's mtime changed (and every 
 anyway, for filesystems with coarse mtimes). Each request is acted on, then deleted. One that
 matches nothing is deleted too, with a ``cancel.ignored`` line, so it cannot cancel a later job
 of the same name. A request written while the daemon is down is honoured at its next start.
-
-Retry. ``sharderd retry NAME`` moves the input of ``failed/NAME/`` (the model file or folder, and
-an inbox-style sidecar ``<name>.toml``) back into the inbox: the sidecar first, then the model,
-each with one rename that never replaces anything, so the daemon sees a complete job arrive. What
-stays behind (``error.json``, ``error.md``, the reports) is removed with the emptied folder: the
-journal keeps the failed run's error under its old job id, which ``retry`` prints. A folder that
-holds anything else is left in place, and said so.
 """
 
 from __future__ import annotations
@@ -31,11 +24,10 @@ from typing import Any, Final, NoReturn, final
 import anyio
 import anyio.abc
 
-from sharderd.daemon.intake import inspect_entry, is_staging_name
-from sharderd.daemon.outbox import rename_unique
+from sharderd.daemon.intake import is_staging_name
 from sharderd.daemon.queue import JobQueue, Seen, Waiting
 from sharderd.daemon.status import StatusBoard
-from sharderd.errors import EXIT_BAD_INPUT, ConfigError, SharderdError
+from sharderd.errors import EXIT_BAD_INPUT, SharderdError
 from sharderd.fsutil import atomic_write
 from sharderd.isotime import iso_time
 from sharderd.logs import get_logger
@@ -47,11 +39,9 @@ __all__ = [
     "Canceller",
     "ControlWatch",
     "JobNotFoundError",
-    "RetryResult",
     "ensure_control_dir",
     "is_job_id",
     "request_cancel",
-    "retry_failed",
 ]
 
 CONTROL_DIR: Final = "control"
@@ -61,8 +51,6 @@ _CANCEL_PREFIX: Final = "cancel-"
 _POLL_S: Final = 1.0
 """How often the daemon looks for cancel requests (two ``stat`` calls when there are none)."""
 _JOB_ID: Final = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.-]*")
-_LEFT_BEHIND: Final = frozenset({"error.json", "error.md", "report.json", "report.md", "report.html"})
-"""What a failed job's folder holds besides its input; removed by ``retry``."""
 
 _log = get_logger(__name__)
 
@@ -107,7 +95,9 @@ class CancelRequest:
             self.path.unlink(missing_ok=True)
 
 
-def find_job(state_dir: Path, status: Mapping[str, Any] | None, job_id: str) -> tuple[str, str] | None:
+def find_job(
+    state_dir: Path, status: Mapping[str, Any] | None, job_id: str
+) -> tuple[str, str] | None:
     """``(name, state)`` of a job the daemon knows, else None.
 
     ``state`` is ``running`` or ``pending`` (from ``status.json``), else the journal's state
@@ -135,18 +125,31 @@ def request_cancel(state_dir: Path, job_id: str) -> Path:
         SharderdError: The control folder is missing (the daemon never ran here) or not writable.
     """
     if not is_job_id(job_id):
-        raise JobNotFoundError(f"{job_id!r} is not a job id (they look like 20250131T120000123Z-1a2b3c4d)")
+        raise JobNotFoundError(
+            f"{job_id!r} is not a job id (they look like 20250131T120000123Z-1a2b3c4d)"
+        )
     control = state_dir / CONTROL_DIR
     if not control.is_dir():
-        raise SharderdError(f"{control} does not exist: no daemon has run with state_dir {state_dir}",
-                            hint="Check --config: it must name the daemon's configuration.")
+        raise SharderdError(
+            f"{control} does not exist: no daemon has run with state_dir {state_dir}",
+            hint="Check --config: it must name the daemon's configuration.",
+        )
     final = control / f"{_CANCEL_PREFIX}{job_id}"
-    body = json.dumps({"job_id": job_id, "requested": iso_time(time.time()), "uid": os.getuid(), "pid": os.getpid()})
+    body = json.dumps(
+        {
+            "job_id": job_id,
+            "requested": iso_time(time.time()),
+            "uid": os.getuid(),
+            "pid": os.getpid(),
+        }
+    )
     try:  # 0644 whatever our umask: the daemon (another user) must read it
         atomic_write(final, body + "\n", mode=0o644, exact_mode=True, durable=False)
     except PermissionError:
-        raise SharderdError(f"cannot write to {control}: permission denied",
-                            hint="Run it as the daemon's user, e.g. `sudo -u sharderd sharderd cancel ...`, or as root.") from None
+        raise SharderdError(
+            f"cannot write to {control}: permission denied",
+            hint="Run it as the daemon's user, e.g. `sudo -u sharderd sharderd cancel ...`, or as root.",
+        ) from None
     return final
 
 
@@ -156,8 +159,14 @@ class ControlWatch:
 
     __slots__ = ("_full_every", "_key", "_next_full", "_now", "control", "inbox")
 
-    def __init__(self, inbox: Path, control: Path, *, full_every_s: float,
-                 now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        inbox: Path,
+        control: Path,
+        *,
+        full_every_s: float,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.inbox = inbox
         self.control = control
         self._full_every = full_every_s
@@ -184,7 +193,9 @@ class ControlWatch:
     def _by_name(self) -> Iterator[CancelRequest]:
         for entry in _names(self.inbox):
             if entry.endswith(CANCEL_SUFFIX) and not is_staging_name(entry):
-                name = re.sub(r"\.onnx$", "", entry.removesuffix(CANCEL_SUFFIX), flags=re.IGNORECASE)
+                name = re.sub(
+                    r"\.onnx$", "", entry.removesuffix(CANCEL_SUFFIX), flags=re.IGNORECASE
+                )
                 if name:
                     yield CancelRequest(self.inbox / entry, None, name, f"inbox/{entry}")
 
@@ -241,7 +252,9 @@ class Canceller:
         self._file_cancelled = file_cancelled
         self._changed = changed
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> NoReturn:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> NoReturn:
         """Act on cancel requests; polled: they are rare, and files survive a restart."""
         task_status.started()
         while True:
@@ -260,108 +273,37 @@ class Canceller:
             if progress.cancel_requested is None:
                 progress.cancel_requested = request.by
                 scope.cancel()  # run_job kills its attempts (kill_grace), then files the job
-                _log.info("cancel.requested", job_id=job_id, name=progress.name, by=request.by, stage=progress.stage)
+                _log.info(
+                    "cancel.requested",
+                    job_id=job_id,
+                    name=progress.name,
+                    by=request.by,
+                    stage=progress.stage,
+                )
         for seen in self.queue.inbox.take(request.matches):
             hits += 1
-            _log.info("cancel.requested", job_id=seen.job_id, name=seen.candidate.name, by=request.by, stage="pending")
+            _log.info(
+                "cancel.requested",
+                job_id=seen.job_id,
+                name=seen.candidate.name,
+                by=request.by,
+                stage="pending",
+            )
             self._claim(seen, request.by)
         for waiting in self.queue.take_backlog(request.matches):
             hits += 1
             job = waiting.job
-            _log.info("cancel.requested", job_id=job.job_id, name=job.name, by=request.by, stage="pending")
+            _log.info(
+                "cancel.requested", job_id=job.job_id, name=job.name, by=request.by, stage="pending"
+            )
             self._file_cancelled(waiting, request.by)
         request.done()
         self._changed()
         if not hits:
-            _log.warning("cancel.ignored", job_id=request.job_id, name=request.name, by=request.by,
-                         message="no pending or running job matches; the request was removed")
-
-
-# -- retry -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RetryResult:
-    """What ``retry_failed`` did."""
-
-    name: str
-    """The job name the daemon will see."""
-    moved: tuple[Path, ...]
-    """The inbox entries created (sidecar first)."""
-    old_job_id: str | None
-    """The failed run's job id (from ``error.json``): its journal record keeps the error."""
-    reason: str | None
-    """Why it failed last time."""
-    left: Path | None
-    """The failed folder, when it held files ``retry`` does not know and so was kept."""
-
-
-def retry_failed(failed_dir: Path, inbox: Path, name: str) -> RetryResult:
-    """Move ``failed_dir/name``'s input back into ``inbox``; see the module docstring.
-
-    Raises:
-        JobNotFoundError: No such failed job, or it holds no input.
-        ConfigError: The inbox already has an entry of that job's name.
-    """
-    folder = failed_dir / name
-    if not name or "/" in name or name.startswith(".") or not folder.is_dir() or folder.is_symlink():
-        known = sorted(p.name for p in failed_dir.iterdir() if p.is_dir() and not p.name.startswith(".")) \
-            if failed_dir.is_dir() else []
-        listing = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
-        raise JobNotFoundError(f"no failed job named {name!r} in {failed_dir}",
-                               hint=f"Failed jobs: {listing}." if known else "There are no failed jobs.")
-    candidates = [c for c in (inspect_entry(folder, e.name) for e in sorted(folder.iterdir())) if c is not None]
-    if len(candidates) != 1:
-        what = "no model" if not candidates else f"{len(candidates)} inputs ({', '.join(c.path.name for c in candidates)})"
-        raise JobNotFoundError(f"{folder} holds {what}; move what should run into the inbox by hand")
-    job = candidates[0]
-    outside_sidecar = job.sidecar if job.sidecar is not None and job.sidecar.parent == folder else None
-    taken = [p.name for p in (inbox / job.path.name, inbox / job.name, inbox / f"{job.name}.toml") if os.path.lexists(p)]
-    if taken:
-        raise ConfigError(f"the inbox already has {', '.join(sorted(set(taken)))}: retrying {name} would mix two jobs",
-                          hint="Wait until that job is claimed, or move it away, then retry.")
-    error = _read_error(folder)
-    moved: list[Path] = []
-    try:
-        for src in (outside_sidecar, job.path):
-            if src is not None:
-                moved.append(_move_in(src, inbox))
-    except BaseException:
-        for path in reversed(moved):  # put the sidecar back: no half job left in the inbox
-            with contextlib.suppress(OSError):
-                rename_unique(path, folder, path.name)
-        raise
-    return RetryResult(job.name, tuple(moved), _str(error.get("job_id")), _str(error.get("reason")), _clear(folder))
-
-
-def _move_in(src: Path, inbox: Path) -> Path:
-    """Rename ``src`` into ``inbox`` under its own name, never replacing an entry that appeared meanwhile."""
-    dest = rename_unique(src, inbox, src.name)
-    if dest.name != src.name:  # someone dropped the same name just now: undo, refuse
-        rename_unique(dest, src.parent, src.name)
-        raise ConfigError(f"{inbox / src.name} appeared while retrying; nothing was moved for it")
-    return dest
-
-
-def _read_error(folder: Path) -> Mapping[str, Any]:
-    try:
-        data = json.loads((folder / "error.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _str(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
-def _clear(folder: Path) -> Path | None:
-    """Remove what a failed job leaves besides its input; None when the folder is gone."""
-    for entry in folder.iterdir():
-        if entry.name in _LEFT_BEHIND:
-            entry.unlink(missing_ok=True)
-    try:
-        folder.rmdir()
-    except OSError:
-        return folder
-    return None
+            _log.warning(
+                "cancel.ignored",
+                job_id=request.job_id,
+                name=request.name,
+                by=request.by,
+                message="no pending or running job matches; the request was removed",
+            )

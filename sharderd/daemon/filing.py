@@ -22,9 +22,10 @@ import structlog
 from sharderd.backends.pool import AttemptPool
 from sharderd.config import Config
 from sharderd.daemon.dedup import publish_pointer
+from sharderd.daemon.dirs import DaemonDirs
 from sharderd.daemon.intake import ClaimedJob
 from sharderd.daemon.journal import IndexEntry, JobRecord, JobState, Journal
-from sharderd.daemon.outbox import TMP_PREFIX, DaemonDirs, fail_job, publish, rename_unique
+from sharderd.daemon.outbox import TMP_PREFIX, fail_job, publish, rename_unique
 from sharderd.daemon.status import JobProgress, StatusBoard
 from sharderd.errors import JobCancelledError, SharderdError
 from sharderd.job.run import JobResult, write_report

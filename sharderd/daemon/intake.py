@@ -157,16 +157,30 @@ def inspect_entry(inbox: Path, entry: str) -> Candidate | None:
     except FileNotFoundError:
         return None  # changing under our feet: the next look decides
     except PermissionError as exc:  # unreadable folder: a bad job, not a reason to stop scanning
-        return Candidate(entry, inbox / entry, "dir", None, None, (FileStat.of(entry, st),),
-                         f"cannot read folder {entry}: {exc.strerror}")
+        return Candidate(
+            entry,
+            inbox / entry,
+            "dir",
+            None,
+            None,
+            (FileStat.of(entry, st),),
+            f"cannot read folder {entry}: {exc.strerror}",
+        )
 
 
 def _inspect_file(inbox: Path, entry: str, st: os.stat_result) -> Candidate | None:
     path = inbox / entry
     is_model = _MODEL_RE.search(entry) is not None
     if stat.S_ISLNK(st.st_mode) and not is_model and not Path(entry).suffix:
-        return Candidate(entry, path, "dir", None, None, (FileStat.of(entry, st),),
-                         f"{entry} is a symbolic link; sharderd never follows links in the inbox")
+        return Candidate(
+            entry,
+            path,
+            "dir",
+            None,
+            None,
+            (FileStat.of(entry, st),),
+            f"{entry} is a symbolic link; sharderd never follows links in the inbox",
+        )
     if not is_model:
         return None
     name = _MODEL_RE.sub("", entry)
@@ -181,7 +195,9 @@ def _inspect_file(inbox: Path, entry: str, st: os.stat_result) -> Candidate | No
         sidecar_path = sidecar
         signature.append(FileStat.of(sidecar.name, side))
         problem = problem or _not_regular(sidecar.name, side, "the sidecar")
-    return Candidate(name, path, "file", None if problem else path, sidecar_path, tuple(signature), problem)
+    return Candidate(
+        name, path, "file", None if problem else path, sidecar_path, tuple(signature), problem
+    )
 
 
 def _inspect_dir(inbox: Path, entry: str, st: os.stat_result) -> Candidate | None:
@@ -191,7 +207,7 @@ def _inspect_dir(inbox: Path, entry: str, st: os.stat_result) -> Candidate | Non
     problems: list[str] = []
     for rel, sub in _walk(path, entry):
         signature.append(FileStat.of(rel, sub))
-        top_name = rel[len(entry) + 1:]
+        top_name = rel[len(entry) + 1 :]
         if os.sep not in top_name and _MODEL_RE.search(top_name) and not is_staging_name(top_name):
             models.append(top_name)
             problems.append(_not_regular(rel, sub, "the model") or "")
@@ -208,11 +224,15 @@ def _inspect_dir(inbox: Path, entry: str, st: os.stat_result) -> Candidate | Non
         if sidecar is not None:
             problems.append(f"two sidecars: {entry}/{DIR_SIDECAR} and {entry}.toml; keep one")
         sidecar = side
-        problems.append(_not_regular(side.relative_to(inbox).as_posix(), side_st, "the sidecar") or "")
+        problems.append(
+            _not_regular(side.relative_to(inbox).as_posix(), side_st, "the sidecar") or ""
+        )
         if side.parent == inbox:
             signature.append(FileStat.of(side.name, side_st))
     if len(models) > 1:
-        problems.append(f"folder {entry} holds {len(models)} models ({', '.join(sorted(models))}); a folder job holds exactly one .onnx")
+        problems.append(
+            f"folder {entry} holds {len(models)} models ({', '.join(sorted(models))}); a folder job holds exactly one .onnx"
+        )
     problem = "; ".join(p for p in problems if p) or None
     model = None if problem else path / models[0]
     return Candidate(entry, path, "dir", model, sidecar, tuple(signature), problem)
@@ -240,8 +260,10 @@ def _not_regular(rel: str, st: os.stat_result, what: str) -> str | None:
 
 def _hard_link(rel: str, st: os.stat_result, what: str) -> str | None:
     if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-        return (f"{what} {rel} is a hard link ({st.st_nlink} names for one file, maybe one outside the inbox); "
-                "sharderd never reads such a file: copy it into the inbox instead of linking it")
+        return (
+            f"{what} {rel} is a hard link ({st.st_nlink} names for one file, maybe one outside the inbox); "
+            "sharderd never reads such a file: copy it into the inbox instead of linking it"
+        )
     return None
 
 
@@ -263,8 +285,13 @@ class Settler:
 
     __slots__ = ("_confirm", "_now", "_settle", "_tracks")
 
-    def __init__(self, settle_seconds: float, *, confirm_seconds: float = 0.1,
-                 now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settle_seconds: float,
+        *,
+        confirm_seconds: float = 0.1,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._settle = settle_seconds
         self._confirm = min(confirm_seconds, settle_seconds)
         self._now = now
@@ -284,7 +311,13 @@ class Settler:
 
     def next_due(self) -> float | None:
         """Clock time at which some tracked candidate could become complete; None when idle."""
-        return min((tr.since + (self._confirm if tr.fast else self._settle) for tr in self._tracks.values()), default=None)
+        return min(
+            (
+                tr.since + (self._confirm if tr.fast else self._settle)
+                for tr in self._tracks.values()
+            ),
+            default=None,
+        )
 
     def forget(self, path: Path) -> None:
         self._tracks.pop(path, None)
@@ -314,7 +347,9 @@ class ClaimedJob:
     problem: str | None
 
 
-def claim(candidate: Candidate, processing_dir: Path, job_id: str, *, dir_mode: int = 0o750) -> ClaimedJob | None:
+def claim(
+    candidate: Candidate, processing_dir: Path, job_id: str, *, dir_mode: int = 0o750
+) -> ClaimedJob | None:
     """Move the candidate (and its inbox sidecar) into ``processing_dir/job_id``; None if it vanished.
 
     The model's rename is the claim: of several daemons only one rename can find the path. The
@@ -343,7 +378,9 @@ def claim(candidate: Candidate, processing_dir: Path, job_id: str, *, dir_mode: 
     fsync_dir(job_dir)
     fsync_dir(candidate.path.parent)
     model = None if candidate.model is None else entry / candidate.model.relative_to(candidate.path)
-    return ClaimedJob(job_id, candidate.name, candidate.kind, job_dir, entry, model, sidecar, candidate.problem)
+    return ClaimedJob(
+        job_id, candidate.name, candidate.kind, job_dir, entry, model, sidecar, candidate.problem
+    )
 
 
 def new_job_id(now: float | None = None) -> str:
@@ -351,4 +388,3 @@ def new_job_id(now: float | None = None) -> str:
     t = time.time() if now is None else now
     ms = int(t * 1000) % 1000
     return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(t))}{ms:03d}Z-{secrets.token_hex(4)}"
-

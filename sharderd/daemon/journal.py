@@ -38,8 +38,12 @@ __all__ = [
     "recover",
 ]
 
-JobState = Literal["detected", "claimed", "planning", "compiling", "succeeded", "failed", "duplicate", "cancelled"]
-TERMINAL_STATES: Final[frozenset[str]] = frozenset({"succeeded", "failed", "duplicate", "cancelled"})
+JobState = Literal[
+    "detected", "claimed", "planning", "compiling", "succeeded", "failed", "duplicate", "cancelled"
+]
+TERMINAL_STATES: Final[frozenset[str]] = frozenset(
+    {"succeeded", "failed", "duplicate", "cancelled"}
+)
 _STATES: Final = frozenset(get_args(JobState))
 _SHA256: Final = re.compile(r"[0-9a-f]{64}")
 _JOB_ID: Final = re.compile(r"[0-9A-Za-z][0-9A-Za-z_.-]*")
@@ -101,7 +105,9 @@ class Journal:
         self.index_dir = state_dir / "index"
         self.now = now
 
-    def load_all(self, *, on_corrupt: Callable[[Path, str], None] | None = None) -> dict[str, JobRecord]:
+    def load_all(
+        self, *, on_corrupt: Callable[[Path, str], None] | None = None
+    ) -> dict[str, JobRecord]:
         """Every record by job id, oldest id first. Temp files are removed; unreadable records skipped."""
         self.journal_dir.mkdir(parents=True, exist_ok=True)
         records: dict[str, JobRecord] = {}
@@ -166,7 +172,9 @@ class Journal:
                     existing = self.lookup(sha256)
                     if existing is not None:
                         return existing
-                    final.unlink(missing_ok=True)  # its result is gone: this job becomes the original
+                    final.unlink(
+                        missing_ok=True
+                    )  # its result is gone: this job becomes the original
         finally:
             tmp.unlink(missing_ok=True)
         fsync_dir(self.index_dir)
@@ -219,12 +227,16 @@ class RecoveryReport:
     """Swept: ``outbox/.tmp-*`` and ``index/.*.tmp`` leftovers and empty claim folders."""
 
 
-def recover(state_dir: Path, outbox: Path, *, max_attempts: int = 8, journal: Journal | None = None) -> RecoveryReport:
+def recover(
+    state_dir: Path, outbox: Path, *, max_attempts: int = 8, journal: Journal | None = None
+) -> RecoveryReport:
     """Sort out ``processing/`` after an unclean stop; run it before the first claim."""
     journal = journal or Journal(state_dir)
     records = journal.load_all()
     removed = [_remove(p) for p in sorted(outbox.glob(f"{TMP_PREFIX}*"))]
-    removed += [_remove(p) for p in sorted(journal.index_dir.glob(".*.tmp"))]  # a ``remember`` cut short
+    removed += [
+        _remove(p) for p in sorted(journal.index_dir.glob(".*.tmp"))
+    ]  # a ``remember`` cut short
     processing = state_dir / "processing"
     resume, to_fail, finish = [], [], []
     seen: set[str] = set()
@@ -237,7 +249,11 @@ def recover(state_dir: Path, outbox: Path, *, max_attempts: int = 8, journal: Jo
         seen.add(job_dir.name)
         record = records.get(job_dir.name)
         name = record.name if record is not None else _guess_name(job_dir)
-        result = None if record is not None and record.terminal else find_published(outbox, name, job_dir.name)
+        result = (
+            None
+            if record is not None and record.terminal
+            else find_published(outbox, name, job_dir.name)
+        )
         job = RecoveredJob(job_dir.name, name, job_dir, record, result)
         limit = (record.max_attempts if record and record.max_attempts else None) or max_attempts
         if result is not None or (record is not None and record.terminal):
@@ -246,7 +262,11 @@ def recover(state_dir: Path, outbox: Path, *, max_attempts: int = 8, journal: Jo
             to_fail.append(job)
         else:
             resume.append(job)
-    stale = tuple(r for r in records.values() if not r.terminal and r.state != "detected" and r.job_id not in seen)
+    stale = tuple(
+        r
+        for r in records.values()
+        if not r.terminal and r.state != "detected" and r.job_id not in seen
+    )
     return RecoveryReport(tuple(resume), tuple(to_fail), tuple(finish), stale, tuple(removed))
 
 
@@ -260,7 +280,9 @@ def _remove(path: Path) -> Path:
 
 def _guess_name(job_dir: Path) -> str:
     """The job name from what ``claim`` left: ``<name>.onnx`` or a ``<name>/`` folder."""
-    entries = sorted(p for p in job_dir.iterdir() if p.suffix != ".toml" and not p.name.startswith("error."))
+    entries = sorted(
+        p for p in job_dir.iterdir() if p.suffix != ".toml" and not p.name.startswith("error.")
+    )
     if len(entries) == 1:
         only = entries[0]
         return only.stem if only.suffix.lower() == ".onnx" else only.name

@@ -49,7 +49,20 @@ __all__ = [
 
 _log = get_logger(__name__)
 
-ATTEMPT_BUCKETS_S: Final[tuple[float, ...]] = (1, 5, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200)
+ATTEMPT_BUCKETS_S: Final[tuple[float, ...]] = (
+    1,
+    5,
+    15,
+    30,
+    60,
+    120,
+    300,
+    600,
+    900,
+    1800,
+    3600,
+    7200,
+)
 """Upper bounds of the attempt duration histogram: a toy model compiles in a second, a large one
 on PopRT in tens of minutes, and ``attempt_timeout`` defaults to an hour."""
 JOB_OUTCOMES: Final[tuple[str, ...]] = ("succeeded", "failed", "duplicate", "cancelled")
@@ -111,42 +124,94 @@ def render_metrics(f: DaemonFigures) -> str:
 
 
 def _families(f: DaemonFigures) -> Iterator[str]:
-    yield from _family("sharderd_up", "gauge", "1 while the daemon runs; 0 once it stopped cleanly.",
-                       [({}, int(f.up))])
-    yield from _family("sharderd_build_info", "gauge", "Always 1; the labels say which sharderd runs.",
-                       [({"version": f.version, "python": platform.python_version()}, 1)])
-    yield from _family("sharderd_start_time_seconds", "gauge", "When the daemon started (UNIX time).",
-                       [({}, f.start_time)])
-    yield from _family("sharderd_heartbeat_timestamp_seconds", "gauge",
-                       "When this was rendered (UNIX time); older than 30 s means a hung or dead daemon.",
-                       [({}, f.now)])
-    yield from _family("sharderd_jobs_total", "counter", "Jobs that reached an outcome since the daemon started.",
-                       [({"outcome": o}, f.jobs.get(o, 0)) for o in _labels(JOB_OUTCOMES, f.jobs)])
-    yield from _family("sharderd_attempts_total", "counter", "Compile attempts by outcome since the daemon started.",
-                       [({"outcome": o}, f.attempts.get(o, 0)) for o in _labels(OUTCOMES, f.attempts)])
-    buckets = [({"le": _number(b)}, n) for b, n in zip(ATTEMPT_BUCKETS_S, f.cumulative_buckets, strict=True)]
-    yield from _family("sharderd_attempt_duration_seconds", "histogram",
-                       "Duration of compile attempts that reached an outcome.",
-                       [*buckets, ({"le": "+Inf"}, f.duration_count)],
-                       sum_count=(f.duration_sum_s, f.duration_count))
-    yield from _family("sharderd_queue_depth", "gauge",
-                       "Jobs waiting in the inbox (pending) and claimed, not finished (processing).",
-                       [({"state": "pending"}, f.pending), ({"state": "processing"}, f.processing)])
-    yield from _family("sharderd_pool_busy_slots", "gauge", "Compile slots in use.", [({}, f.pool_busy)])
-    yield from _family("sharderd_pool_waiting_attempts", "gauge", "Attempts waiting for a compile slot.",
-                       [({}, f.pool_waiting)])
-    yield from _family("sharderd_pool_slots", "gauge", "Compile slots (max_parallel_compiles).", [({}, f.pool_slots)])
-    yield from _family("sharderd_last_success_timestamp_seconds", "gauge",
-                       "When a job last succeeded (UNIX time; 0 when none did in the 24 h before the start).",
-                       [({}, f.last_success or 0)])
+    yield from _family(
+        "sharderd_up",
+        "gauge",
+        "1 while the daemon runs; 0 once it stopped cleanly.",
+        [({}, int(f.up))],
+    )
+    yield from _family(
+        "sharderd_build_info",
+        "gauge",
+        "Always 1; the labels say which sharderd runs.",
+        [({"version": f.version, "python": platform.python_version()}, 1)],
+    )
+    yield from _family(
+        "sharderd_start_time_seconds",
+        "gauge",
+        "When the daemon started (UNIX time).",
+        [({}, f.start_time)],
+    )
+    yield from _family(
+        "sharderd_heartbeat_timestamp_seconds",
+        "gauge",
+        "When this was rendered (UNIX time); older than 30 s means a hung or dead daemon.",
+        [({}, f.now)],
+    )
+    yield from _family(
+        "sharderd_jobs_total",
+        "counter",
+        "Jobs that reached an outcome since the daemon started.",
+        [({"outcome": o}, f.jobs.get(o, 0)) for o in _labels(JOB_OUTCOMES, f.jobs)],
+    )
+    yield from _family(
+        "sharderd_attempts_total",
+        "counter",
+        "Compile attempts by outcome since the daemon started.",
+        [({"outcome": o}, f.attempts.get(o, 0)) for o in _labels(OUTCOMES, f.attempts)],
+    )
+    buckets = [
+        ({"le": _number(b)}, n)
+        for b, n in zip(ATTEMPT_BUCKETS_S, f.cumulative_buckets, strict=True)
+    ]
+    yield from _family(
+        "sharderd_attempt_duration_seconds",
+        "histogram",
+        "Duration of compile attempts that reached an outcome.",
+        [*buckets, ({"le": "+Inf"}, f.duration_count)],
+        sum_count=(f.duration_sum_s, f.duration_count),
+    )
+    yield from _family(
+        "sharderd_queue_depth",
+        "gauge",
+        "Jobs waiting in the inbox (pending) and claimed, not finished (processing).",
+        [({"state": "pending"}, f.pending), ({"state": "processing"}, f.processing)],
+    )
+    yield from _family(
+        "sharderd_pool_busy_slots", "gauge", "Compile slots in use.", [({}, f.pool_busy)]
+    )
+    yield from _family(
+        "sharderd_pool_waiting_attempts",
+        "gauge",
+        "Attempts waiting for a compile slot.",
+        [({}, f.pool_waiting)],
+    )
+    yield from _family(
+        "sharderd_pool_slots",
+        "gauge",
+        "Compile slots (max_parallel_compiles).",
+        [({}, f.pool_slots)],
+    )
+    yield from _family(
+        "sharderd_last_success_timestamp_seconds",
+        "gauge",
+        "When a job last succeeded (UNIX time; 0 when none did in the 24 h before the start).",
+        [({}, f.last_success or 0)],
+    )
 
 
 def _labels(known: Iterable[str], seen: Mapping[str, int]) -> list[str]:
     return [*known, *sorted(k for k in seen if k not in known)]
 
 
-def _family(name: str, kind: str, help_text: str, samples: list[tuple[Mapping[str, str], float]],
-            *, sum_count: tuple[float, int] | None = None) -> Iterator[str]:
+def _family(
+    name: str,
+    kind: str,
+    help_text: str,
+    samples: list[tuple[Mapping[str, str], float]],
+    *,
+    sum_count: tuple[float, int] | None = None,
+) -> Iterator[str]:
     yield f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
     suffix = "_bucket" if kind == "histogram" else ""
     for labels, value in samples:
@@ -168,7 +233,9 @@ def _escape(value: str) -> str:
 def _number(value: float) -> str:
     if isinstance(value, bool):
         return str(int(value))
-    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) < 2**53):
+    if isinstance(value, int) or (
+        isinstance(value, float) and value.is_integer() and abs(value) < 2**53
+    ):
         return str(int(value))
     if math.isnan(value):
         return "NaN"
@@ -203,16 +270,19 @@ class MetricsExporter:
         except ImportError:
             raise ConfigError(
                 f"metrics_port = {self.port} needs the prometheus-client package, which is not installed",
-                hint="`python3 -m pip install prometheus-client`, or unset metrics_port and use metrics_textfile.") from None
+                hint="`python3 -m pip install prometheus-client`, or unset metrics_port and use metrics_textfile.",
+            ) from None
         self._collector = _TextCollector()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self._collector)
         try:
             self._server, _ = start_http_server(self.port, addr="127.0.0.1", registry=registry)
         except OSError as exc:
-            raise ConfigError(f"cannot serve metrics on 127.0.0.1:{self.port}: {exc.strerror or exc}",
-                              hint="Pick a free port, or unset metrics_port. Under the shipped systemd unit "
-                                   "(PrivateNetwork=yes, RestrictAddressFamilies=AF_UNIX) use metrics_textfile.") from None
+            raise ConfigError(
+                f"cannot serve metrics on 127.0.0.1:{self.port}: {exc.strerror or exc}",
+                hint="Pick a free port, or unset metrics_port. Under the shipped systemd unit "
+                "(PrivateNetwork=yes, RestrictAddressFamilies=AF_UNIX) use metrics_textfile.",
+            ) from None
         self.port = int(self._server.server_port)
         _log.info("metrics.served", url=f"http://127.0.0.1:{self.port}/metrics")
 
@@ -230,9 +300,14 @@ class MetricsExporter:
         except OSError as exc:
             error = f"{exc.strerror or exc}: {exc.filename or self.textfile}"
             if error != self._last_error:  # once per distinct problem, not every half second
-                _log.warning("metrics.written", ok=False, path=str(self.textfile), error=error,
-                             hint="The folder must exist and be writable by the daemon (a ReadWritePaths= drop-in "
-                                  "under systemd).")
+                _log.warning(
+                    "metrics.written",
+                    ok=False,
+                    path=str(self.textfile),
+                    error=error,
+                    hint="The folder must exist and be writable by the daemon (a ReadWritePaths= drop-in "
+                    "under systemd).",
+                )
             self._last_error = error
         else:
             if self._last_error:

@@ -67,7 +67,9 @@ class Notifier:
             self.close()
             if not self._failed:
                 self._failed = True
-                _log.warning("notify.failed", socket=self._address.replace("\0", "@"), error=str(exc))
+                _log.warning(
+                    "notify.failed", socket=self._address.replace("\0", "@"), error=str(exc)
+                )
             return False
         return True
 

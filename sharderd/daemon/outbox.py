@@ -23,22 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from sharderd.config import DaemonConfig
-from sharderd.errors import ConfigError, SharderdError
+from sharderd.errors import SharderdError
 from sharderd.fsutil import fsync_dir
 from sharderd.isotime import iso_time
 
 __all__ = [
     "JOB_MARKER",
     "TMP_PREFIX",
-    "DaemonDirs",
-    "check_same_filesystem",
     "fail_job",
     "find_published",
-    "prepare_dirs",
     "publish",
     "rename_unique",
-    "runtime_dir",
     "tmp_dir_for",
 ]
 
@@ -70,11 +65,15 @@ def tmp_dir_for(outbox: Path, job_id: str) -> Path:
     return path
 
 
-def publish(tmp_dir: Path, outbox: Path, name: str, *, file_mode: int = 0o640, dir_mode: int = 0o750) -> Path:
+def publish(
+    tmp_dir: Path, outbox: Path, name: str, *, file_mode: int = 0o640, dir_mode: int = 0o750
+) -> Path:
     """Make the result in ``tmp_dir`` durable and visible as ``outbox/<name>`` (or a suffixed name)."""
     if tmp_dir.parent != outbox or not tmp_dir.name.startswith(TMP_PREFIX):
         raise ValueError(f"{tmp_dir} is not an {outbox}/{TMP_PREFIX}<job_id> folder")
-    (tmp_dir / JOB_MARKER).write_text(tmp_dir.name.removeprefix(TMP_PREFIX) + "\n", encoding="utf-8")
+    (tmp_dir / JOB_MARKER).write_text(
+        tmp_dir.name.removeprefix(TMP_PREFIX) + "\n", encoding="utf-8"
+    )
     _sync_tree(tmp_dir, file_mode, dir_mode)
     return rename_unique(tmp_dir, outbox, name)
 
@@ -93,10 +92,18 @@ def find_published(outbox: Path, name: str, job_id: str) -> Path | None:
     return None
 
 
-def fail_job(processing_job_dir: Path, failed_dir: Path, name: str,
-             error: SharderdError | Mapping[str, Any], *, model: Path | None = None,
-             config_path: Path | None = None, now: float | None = None,
-             file_mode: int = 0o640, dir_mode: int = 0o750) -> Path:
+def fail_job(
+    processing_job_dir: Path,
+    failed_dir: Path,
+    name: str,
+    error: SharderdError | Mapping[str, Any],
+    *,
+    model: Path | None = None,
+    config_path: Path | None = None,
+    now: float | None = None,
+    file_mode: int = 0o640,
+    dir_mode: int = 0o750,
+) -> Path:
     """Move a job's folder to ``failed/<name>`` with ``error.json`` and ``error.md`` inside.
 
     The two files are written and fsynced before the move, so the failed folder appears complete.
@@ -143,8 +150,16 @@ class _FailureFiles:
     def write(self, folder: Path, dest: Path) -> None:
         info = _relocated(self.info, self.source, dest)
         model = None if self.model is None else dest / self.model.relative_to(self.source)
-        _write_synced(folder / "error.json", json.dumps(info, indent=2, sort_keys=True, default=str) + "\n", self.mode)
-        _write_synced(folder / "error.md", _error_md(info, dest, self.held, model, self.config_path), self.mode)
+        _write_synced(
+            folder / "error.json",
+            json.dumps(info, indent=2, sort_keys=True, default=str) + "\n",
+            self.mode,
+        )
+        _write_synced(
+            folder / "error.md",
+            _error_md(info, dest, self.held, model, self.config_path),
+            self.mode,
+        )
 
 
 def _relocated(value: Any, source: Path, dest: Path) -> Any:
@@ -171,18 +186,28 @@ def _command(*words: str | Path | None) -> str:
     return "`" + " ".join(shlex.quote(str(w)) for w in words if w is not None) + "`"
 
 
-def _error_md(info: Mapping[str, Any], dest: Path, held: list[str], model: Path | None,
-              config_path: Path | None) -> str:
+def _error_md(
+    info: Mapping[str, Any],
+    dest: Path,
+    held: list[str],
+    model: Path | None,
+    config_path: Path | None,
+) -> str:
     core = ("reason", "message", "hint", "exit_code", "job_id", "name", "time")
     config = ("--config", config_path) if config_path is not None else (None, None)
     advice = info["hint"] or _ADVICE.get(str(info["reason"]), _DEFAULT_ADVICE)
     if not info["hint"] and info["reason"] in _REPRODUCIBLE and model is not None:
-        advice = (f"See the same check again with {_command('sharderd', 'plan', model, '--devices', '1', *config)}; "
-                  f"fix or re-export the model. {advice}")
+        advice = (
+            f"See the same check again with {_command('sharderd', 'plan', model, '--devices', '1', *config)}; "
+            f"fix or re-export the model. {advice}"
+        )
     lines = [
-        f"# {info['name']}: failed", "",
-        f"**What went wrong.** {info['message']}", "",
-        f"**What to do.** {advice}", "",
+        f"# {info['name']}: failed",
+        "",
+        f"**What went wrong.** {info['message']}",
+        "",
+        f"**What to do.** {advice}",
+        "",
         f"- reason: `{info['reason']}`",
         f"- job id: `{info['job_id']}`",
         f"- time: {info['time']}",
@@ -197,11 +222,21 @@ def _error_md(info: Mapping[str, Any], dest: Path, held: list[str], model: Path 
     reports = [n for n in held if n.startswith("report.")]
     inputs = [n for n in held if not n.startswith("report.")]
     listing = ", ".join(f"`{n}`" for n in inputs) or "nothing of the input"
-    lines += ["", f"This folder, `{dest}`, holds the input as it was claimed ({listing}), `error.json` and this file"
-              + (f", and the reports of the run ({', '.join(f'`{n}`' for n in reports)})." if reports else
-                 "; no report: the job stopped before sharderd wrote one.")]
-    lines += ["", f"To try again, fix the problem, then move the input back into the inbox with "
-              f"{_command('sharderd', 'retry', dest.name, *config)}.", ""]
+    lines += [
+        "",
+        f"This folder, `{dest}`, holds the input as it was claimed ({listing}), `error.json` and this file"
+        + (
+            f", and the reports of the run ({', '.join(f'`{n}`' for n in reports)})."
+            if reports
+            else "; no report: the job stopped before sharderd wrote one."
+        ),
+    ]
+    lines += [
+        "",
+        f"To try again, fix the problem, then move the input back into the inbox with "
+        f"{_command('sharderd', 'retry', dest.name, *config)}.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -216,7 +251,9 @@ def rename_unique(src: Path, parent: Path, name: str) -> Path:
             if src.parent != parent:
                 fsync_dir(src.parent)
             return dest
-    raise FileExistsError(errno.EEXIST, f"{name} and {_MAX_SUFFIX - 1} suffixed names are taken", str(parent))
+    raise FileExistsError(
+        errno.EEXIST, f"{name} and {_MAX_SUFFIX - 1} suffixed names are taken", str(parent)
+    )
 
 
 def _load_renameat2() -> Any:
@@ -238,7 +275,10 @@ _COLLISION: Final = frozenset({errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, err
 def _rename_noreplace(src: Path, dst: Path) -> bool:
     """True when renamed; False when ``dst`` is taken. Other errors raise ``OSError``."""
     if _renameat2 is not None:
-        if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+        if (
+            _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE)
+            == 0
+        ):
             return True
         err = ctypes.get_errno()
         if err == errno.EEXIST:
@@ -284,83 +324,3 @@ def _write_synced(path: Path, text: str, mode: int) -> None:
         f.write(text)
         f.flush()
         os.fsync(fd)
-
-
-def check_same_filesystem(inbox: Path, processing: Path, outbox: Path, *more: Path) -> None:
-    """Refuse folders on different filesystems: claims and results are renames, atomic only within one."""
-    paths = {"inbox": inbox, "processing": processing, "outbox": outbox} | {p.name: p for p in more}
-    try:
-        devices = {label: path.stat().st_dev for label, path in paths.items()}
-    except OSError as exc:
-        raise ConfigError(f"cannot check the filesystem of {exc.filename}: {exc.strerror}") from None
-    if len(set(devices.values())) > 1:
-        where = ", ".join(f"{label} {path} (device {os.major(devices[label])}:{os.minor(devices[label])})"
-                          for label, path in paths.items())
-        raise ConfigError(
-            f"sharderd needs its folders on one filesystem, but they are not: {where}",
-            hint="Claiming a job and publishing a result are renames, which are atomic only within one "
-                 "filesystem. Put inbox, outbox and state_dir on the same mount.",
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class DaemonDirs:
-    """Every folder the daemon uses, created by ``prepare_dirs``."""
-
-    inbox: Path
-    outbox: Path
-    state_dir: Path
-    processing: Path
-    """``state_dir/processing``: claimed jobs, one ``<job_id>/`` each."""
-    failed: Path
-    done: Path
-    journal: Path
-    index: Path
-    """``state_dir/index``: content hash → first result, for duplicate detection."""
-    runtime: Path
-    """Where ``status.json`` goes."""
-
-
-def prepare_dirs(config: DaemonConfig, *, create_inbox: bool = True) -> DaemonDirs:
-    """Create every folder (mode ``dir_mode``) and check it is usable; ``ConfigError`` names the path."""
-    state = config.state_dir
-    runtime = runtime_dir(config)
-    dirs = DaemonDirs(
-        inbox=config.inbox, outbox=config.outbox, state_dir=state, processing=state / "processing",
-        failed=state / "failed", done=state / "done", journal=state / "journal", index=state / "index",
-        runtime=runtime,
-    )
-    _check_layout(dirs)
-    if not create_inbox and not config.inbox.is_dir():
-        raise ConfigError(f"inbox {config.inbox} does not exist or is not a directory")
-    for label in ("inbox", "outbox", "state_dir", "processing", "failed", "done", "journal", "index", "runtime"):
-        _ensure_dir(getattr(dirs, label), config.dir_mode, label)
-    check_same_filesystem(dirs.inbox, dirs.processing, dirs.outbox, dirs.failed, dirs.done)
-    return dirs
-
-
-def runtime_dir(config: DaemonConfig) -> Path:
-    """Where ``status.json`` lives: ``runtime_dir``, else ``$RUNTIME_DIRECTORY``, else ``state_dir``."""
-    env = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
-    return (config.runtime_dir or (Path(env) if env else config.state_dir)).absolute()
-
-
-def _check_layout(dirs: DaemonDirs) -> None:
-    inbox, outbox, state = (p.absolute() for p in (dirs.inbox, dirs.outbox, dirs.state_dir))
-    if inbox == outbox or outbox.is_relative_to(inbox) or inbox.is_relative_to(outbox):
-        raise ConfigError(f"inbox {dirs.inbox} and outbox {dirs.outbox} must be separate folders, neither inside the other")
-    if state.is_relative_to(inbox):
-        raise ConfigError(f"state_dir {dirs.state_dir} must not be inside the inbox {dirs.inbox}")
-
-
-def _ensure_dir(path: Path, mode: int, label: str) -> None:
-    try:
-        path.mkdir(mode=mode, parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ConfigError(f"{label} {path} exists and is not a directory") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot create {label} {path}: {exc.strerror}",
-                          hint="Create it, or make its parent writable by the sharderd user.") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(f"{label} {path} is not writable by this user (uid {os.getuid()})",
-                          hint="sharderd moves files in and out of it; give the sharderd user write access.")

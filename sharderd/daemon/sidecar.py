@@ -79,11 +79,23 @@ class _SidecarTable:
     keep_dynamic: bool | None = None
 
 
-_PLAN_KEYS: Final = ("input_shapes", "dims", "batch_size", "name_nodes", "precision", "keep_dynamic")
+_PLAN_KEYS: Final = (
+    "input_shapes",
+    "dims",
+    "batch_size",
+    "name_nodes",
+    "precision",
+    "keep_dynamic",
+)
 
 
-def load_sidecar(path: Path | None, defaults: DaemonConfig, *, optimal_perf: bool = False,
-                 known_targets: Collection[str] | None = None) -> JobOptions:
+def load_sidecar(
+    path: Path | None,
+    defaults: DaemonConfig,
+    *,
+    optimal_perf: bool = False,
+    known_targets: Collection[str] | None = None,
+) -> JobOptions:
     """The job's options: ``defaults`` overridden by the sidecar at ``path`` (None: no sidecar).
 
     ``optimal_perf`` is the default for that key (``[search]``, not ``[daemon]``); ``known_targets``,
@@ -92,7 +104,11 @@ def load_sidecar(path: Path | None, defaults: DaemonConfig, *, optimal_perf: boo
     base = JobOptions.from_config(defaults, optimal_perf=optimal_perf)
     if path is None:
         return base
-    where = f"sidecar {path.parent.name}/{path.name}" if path.name == "sharderd.toml" else f"sidecar {path.name}"
+    where = (
+        f"sidecar {path.parent.name}/{path.name}"
+        if path.name == "sharderd.toml"
+        else f"sidecar {path.name}"
+    )
     table = load_table(_SidecarTable, parse_toml(_read(path, where), where), where)
     options = JobOptions(
         devices=base.devices if table.devices is None else table.devices,
@@ -106,16 +122,24 @@ def load_sidecar(path: Path | None, defaults: DaemonConfig, *, optimal_perf: boo
     # Only the sidecar's own values: the daemon's defaults were checked with sharderd.toml, and a
     # larger [daemon] max_attempts must not fail every job that has a sidecar, blaming the sidecar.
     if table.devices is not None and not 1 <= table.devices <= MAX_DEVICES:
-        raise ConfigError(f"{where}: devices must be between 1 and {MAX_DEVICES}, got {table.devices}")
+        raise ConfigError(
+            f"{where}: devices must be between 1 and {MAX_DEVICES}, got {table.devices}"
+        )
     if table.max_attempts is not None and not 1 <= table.max_attempts <= _MAX_ATTEMPTS:
-        raise ConfigError(f"{where}: max_attempts must be between 1 and {_MAX_ATTEMPTS}, got {table.max_attempts}")
+        raise ConfigError(
+            f"{where}: max_attempts must be between 1 and {_MAX_ATTEMPTS}, got {table.max_attempts}"
+        )
     try:
         options.plan_config(PlanConfig())  # the [plan] checks, on the sidecar's own values
     except ConfigError as err:
         raise ConfigError(f"{where}: {err.message}") from None
-    if table.target is not None and (not table.target or (known_targets is not None and table.target not in known_targets)):
+    if table.target is not None and (
+        not table.target or (known_targets is not None and table.target not in known_targets)
+    ):
         known = ", ".join(sorted(known_targets or ()))
-        raise ConfigError(f"{where}: unknown target {table.target!r}" + (f" (known: {known})" if known else ""))
+        raise ConfigError(
+            f"{where}: unknown target {table.target!r}" + (f" (known: {known})" if known else "")
+        )
     return options
 
 
@@ -123,7 +147,11 @@ def _read(path: Path, where: str) -> str:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
-        why = "it is a symbolic link, which sharderd never follows" if exc.errno == errno.ELOOP else exc.strerror
+        why = (
+            "it is a symbolic link, which sharderd never follows"
+            if exc.errno == errno.ELOOP
+            else exc.strerror
+        )
         raise ConfigError(f"{where}: cannot open: {why}") from None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):

@@ -14,8 +14,8 @@ from pathlib import Path
 from sharderd.backends.pool import AttemptPool
 from sharderd.config import Config, DaemonConfig
 from sharderd.daemon.control import ensure_control_dir
+from sharderd.daemon.dirs import DaemonDirs, prepare_dirs
 from sharderd.daemon.lock import StateLock
-from sharderd.daemon.outbox import DaemonDirs, prepare_dirs
 from sharderd.daemon.watch import watch_mode
 from sharderd.errors import ConfigError
 

@@ -33,7 +33,14 @@ from sharderd.daemon.metrics import AttemptStats, DaemonFigures
 from sharderd.fsutil import atomic_write
 from sharderd.isotime import iso_time
 
-__all__ = ["RECENT_S", "STATUS_FILE", "DaemonState", "JobProgress", "StatusBoard", "recent_outcomes"]
+__all__ = [
+    "RECENT_S",
+    "STATUS_FILE",
+    "DaemonState",
+    "JobProgress",
+    "StatusBoard",
+    "recent_outcomes",
+]
 
 STATUS_FILE: Final = "status.json"
 RECENT_S: Final = 24 * 3600.0
@@ -79,8 +86,14 @@ class JobProgress:
 class StatusBoard:
     """Queue counts and running jobs; ``changed()`` wakes whoever publishes them."""
 
-    def __init__(self, runtime_dir: Path, *, pool: AttemptPool, version: str,
-                 heartbeat_interval_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        runtime_dir: Path,
+        *,
+        pool: AttemptPool,
+        version: str,
+        heartbeat_interval_s: float = 15.0,
+    ) -> None:
         self.path = runtime_dir / STATUS_FILE
         self.pool = pool
         self.version = version
@@ -174,33 +187,53 @@ class StatusBoard:
             },
             "last_24h": self._recent_counts(t),
             "running": [p.to_dict() for p in _by_start(self.running.values())],
-            "pending_jobs": [{"job_id": job_id, "name": name} for job_id, name in self.pending_jobs],
-            "pool": {"busy": self.pool.busy, "waiting": self.pool.waiting, "max_parallel": self.pool.max_parallel},
+            "pending_jobs": [
+                {"job_id": job_id, "name": name} for job_id, name in self.pending_jobs
+            ],
+            "pool": {
+                "busy": self.pool.busy,
+                "waiting": self.pool.waiting,
+                "max_parallel": self.pool.max_parallel,
+            },
         }
 
     def figures(self, now: float | None = None) -> DaemonFigures:
         """What the metrics export, as of ``now``."""
         return DaemonFigures(
-            version=self.version, up=self.state != "stopped", start_time=self.since,
-            now=time.time() if now is None else now, jobs=dict(self.finished),
-            attempts=dict(self.attempts.outcomes), cumulative_buckets=self.attempts.cumulative(),
-            duration_sum_s=self.attempts.seconds, duration_count=self.attempts.count,
-            pending=self.pending, processing=len(self.running), pool_busy=self.pool.busy,
-            pool_waiting=self.pool.waiting, pool_slots=self.pool.max_parallel, last_success=self.last_success,
+            version=self.version,
+            up=self.state != "stopped",
+            start_time=self.since,
+            now=time.time() if now is None else now,
+            jobs=dict(self.finished),
+            attempts=dict(self.attempts.outcomes),
+            cumulative_buckets=self.attempts.cumulative(),
+            duration_sum_s=self.attempts.seconds,
+            duration_count=self.attempts.count,
+            pending=self.pending,
+            processing=len(self.running),
+            pool_busy=self.pool.busy,
+            pool_waiting=self.pool.waiting,
+            pool_slots=self.pool.max_parallel,
+            last_success=self.last_success,
         )
 
     def _recent_counts(self, now: float) -> dict[str, int]:
         while self.recent and self.recent[0][0] < now - RECENT_S:
             self.recent.popleft()
         counts = Counter(outcome for _, outcome in self.recent)
-        return {outcome: counts[outcome] for outcome in ("succeeded", "failed", "duplicate", "cancelled")}
+        return {
+            outcome: counts[outcome]
+            for outcome in ("succeeded", "failed", "duplicate", "cancelled")
+        }
 
     def status_line(self) -> str:
         """One line for systemd's ``STATUS=``: counts only, so it changes only when they do."""
         compiling = sum(1 for p in self.running.values() if p.stage == "compiling")
         done = self.finished
-        return (f"{self.state}: {self.pending} pending, {len(self.running)} running ({compiling} compiling), "
-                f"{done['succeeded']} succeeded, {done['failed']} failed, {done['duplicate']} duplicate")
+        return (
+            f"{self.state}: {self.pending} pending, {len(self.running)} running ({compiling} compiling), "
+            f"{done['succeeded']} succeeded, {done['failed']} failed, {done['duplicate']} duplicate"
+        )
 
     def write(self, now: float | None = None) -> Path:
         """Replace ``status.json`` atomically (mode 0644); returns its path."""
@@ -213,7 +246,9 @@ def _by_start(jobs: Iterable[JobProgress]) -> list[JobProgress]:
     return sorted(jobs, key=lambda p: (p.started, p.job_id))
 
 
-def recent_outcomes(journal_dir: Path, now: float | None = None, window_s: float = RECENT_S) -> list[tuple[float, str]]:
+def recent_outcomes(
+    journal_dir: Path, now: float | None = None, window_s: float = RECENT_S
+) -> list[tuple[float, str]]:
     """``(time, state)`` of the journal's jobs that reached a terminal state within ``window_s``.
 
     Only records written within the window are read (their mtime says so), so a journal of years
