@@ -132,7 +132,7 @@ class PoprtConfig:
     benchmark_warmup: int = 20
     """Untimed runs before benchmarking a compiled PopEF (``--optimal-perf``)."""
     benchmark_runs: int = 200
-    """Timed runs of a compiled PopEF; the median latency is reported."""
+    """Timed runs of a compiled PopEF: one at a time for the median latency, then queued with ``execute_async`` for the throughput that ranks ``--optimal-perf``."""
 
     def __post_init__(self) -> None:
         _check(
