@@ -12,7 +12,7 @@ import pytest
 
 from sharderd import examples
 from sharderd.config import PlanConfig
-from sharderd.errors import ModelInvalidError, PlanInfeasibleError, SharderdError
+from sharderd.errors import ModelInvalidError, PlanInfeasibleError, WorkerDiedError
 from sharderd.job.session import LocalSession, PlanRequest, PlanService, WorkerSession
 from sharderd.target import BUILTIN_TARGETS
 
@@ -71,12 +71,14 @@ async def test_worker_errors_keep_their_type(model: Path, tmp_path: Path) -> Non
 
 @pytest.mark.anyio
 async def test_a_dead_worker_is_an_error_not_a_hang(model: Path, tmp_path: Path) -> None:
-    """If the worker dies, the next call fails with its exit status, and closing leaves no process."""
+    """If the worker dies, the next call fails with the signal that killed it (a type the daemon
+    retries on, not a message it parses), and closing leaves no process."""
     worker = await WorkerSession.start(model, PlanConfig(), TARGET, stderr_path=tmp_path / "err")
     await worker.summary()
     pid = worker._process.pid
     os.kill(pid, signal.SIGKILL)
-    with anyio.fail_after(10), pytest.raises(SharderdError, match="planning worker died"):
+    with anyio.fail_after(10), pytest.raises(WorkerDiedError, match="planning worker died") as died:
         await worker.plan(PlanRequest(2, 1.15))
+    assert (died.value.signal, died.value.exit_status) == (signal.SIGKILL, None)
     await worker.aclose()
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
