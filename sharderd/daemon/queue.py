@@ -251,9 +251,12 @@ class JobQueue:
         self.backlog = kept
         return taken
 
-    def park(self, job: ClaimedJob, priority: int) -> None:
-        """``job``'s bookkeeping failed: it stays in ``processing/`` until ``retry_stuck``."""
+    def park(self, job: ClaimedJob, priority: int, what: str) -> None:
+        """Filing ``job`` failed (called in the ``except``; logs its traceback): it stays in
+        ``processing/`` until ``retry_stuck``. ``what`` says what could not be done."""
         self.stuck.append(Waiting(job, priority))
+        message = f"{what}; it stays in processing/ and is tried again at the next rescan"
+        _log.exception("daemon.error", job_id=job.job_id, name=job.name, message=message)
 
     def retry_stuck(self, outbox: Path, finish: Callable[[RecoveredJob], None]) -> None:
         """Give each stuck job what a restart would: ``finish`` a decided outcome, else queue it again."""

@@ -365,13 +365,7 @@ class _Daemon:
                 outcome = "cancelled"
         except Exception:
             # filing the job itself failed (disk full?): it stays, for the next rescan
-            self.queue.park(job, progress.priority)
-            _log.exception(
-                "daemon.error",
-                job_id=job.job_id,
-                name=job.name,
-                message="could not finish the job's bookkeeping; it stays in processing/ and is tried again at the next rescan",
-            )
+            self.queue.park(job, progress.priority, "could not finish the job's bookkeeping")
         finally:
             self.jobs.pop(job.job_id, None)
             self.board.remove(job.job_id, outcome)
@@ -385,10 +379,4 @@ class _Daemon:
             self.board.record_outcome(cancel_claimed(job, self.ctx, by))
         except Exception:
             # as in _job_task: the job stays in processing/ until its bookkeeping succeeds
-            self.queue.park(job, waiting.priority)
-            _log.exception(
-                "daemon.error",
-                job_id=job.job_id,
-                name=job.name,
-                message="could not file the cancelled job; it stays in processing/ and is tried again at the next rescan",
-            )
+            self.queue.park(job, waiting.priority, "could not file the cancelled job")
