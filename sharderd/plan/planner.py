@@ -12,14 +12,15 @@ import numpy as np
 
 from sharderd.errors import ConfigError, PlanInfeasibleError
 from sharderd.graph.analyze import Analysis
-from sharderd.plan.bounds import lower_bound_all_splits, memory_floor
+from sharderd.plan.bounds import lower_bound_all_splits
+from sharderd.plan.build import build_plan
 from sharderd.plan.ideals import solve_ideals
+from sharderd.plan.infeasible import infeasible_exact, infeasible_proof
 from sharderd.plan.order import candidate_orders
 from sharderd.plan.ordered_costs import OrderedCosts, calibrated_compute_s, ordered_costs
 from sharderd.plan.partition import Partition, solve
-from sharderd.plan.types import CutTensor, Plan, StageCost
+from sharderd.plan.types import Plan
 from sharderd.target import Target
-from sharderd.units import fmt_bytes
 
 __all__ = ["LEVEL_ORDER_GAIN", "lower_bound", "plan_stages"]
 
@@ -89,7 +90,7 @@ def plan_stages(
     timings["solve.ideals"] = time.perf_counter() - t1
     if exact is not None:
         if exact.assignment is None:
-            raise _infeasible_exact(
+            raise infeasible_exact(
                 analysis, target, compute_s, reference, devices, safety_margin, scale, exact.ideals
             )
         order = _canonical_order(exact.assignment, reference)
@@ -100,7 +101,7 @@ def plan_stages(
             bottleneck_s=max(oc.stage_time(a, b) for a, b in itertools.pairwise(bounds)),
             probes=0,
         )
-        plan = _build_plan(
+        plan = build_plan(
             analysis,
             oc,
             "ideals",
@@ -138,7 +139,7 @@ def plan_stages(
             best = (partition, oc, name)
     if best is None:
         assert first_oc is not None
-        proof = _infeasible_proof(analysis, target, devices, safety_margin, scale)
+        proof = infeasible_proof(analysis, target, devices, safety_margin, scale)
         if proof is not None:
             if safety_margin > 1.0 and proof.min_devices is not None:
                 loose = target.memory_bytes / scale
@@ -166,7 +167,7 @@ def plan_stages(
                 device=int(np.argmax(scale)),
             )
         partition, oc = _least_overfull(first_oc, caps, require_costed)
-        plan = _build_plan(
+        plan = build_plan(
             analysis,
             oc,
             next(iter(candidates)),
@@ -183,7 +184,7 @@ def plan_stages(
             plan, orders_tried=tried, timings_s=timings, probes=partition.probes, method="overfull"
         )
     partition, oc, name = best
-    plan = _build_plan(
+    plan = build_plan(
         analysis,
         oc,
         name,
@@ -231,190 +232,3 @@ def _least_overfull(
     found = solve(oc, caps * hi, require_costed=require_costed)
     assert found is not None
     return found, oc
-
-
-def _build_plan(
-    analysis: Analysis,
-    oc: OrderedCosts,
-    order_name: str,
-    partition: Partition,
-    target: Target,
-    caps: np.ndarray,
-    margin: float,
-    scale: np.ndarray,
-    *,
-    bound: float,
-    overhead_per_node: float = 0.0,
-) -> Plan:
-    flow = analysis.flow
-    bounds = partition.bounds
-    assignment = np.empty(flow.num_nodes, dtype=np.int64)
-    stages = []
-    for s, (a, b) in enumerate(itertools.pairwise(bounds)):
-        assignment[oc.order[a:b]] = s
-        weights, live, code = oc.stage_memory(a, b)
-        comm_in = float(oc.cut_bytes[a]) / target.link_bytes_per_s
-        comm_out = float(oc.cut_bytes[b]) / target.link_bytes_per_s
-        comm = comm_in + comm_out
-        total = oc.stage_time(a, b)
-        host = 0.0 if oc.host_time is None else float(oc.host_time[a:b].sum())
-        overhead = overhead_per_node * (b - a)
-        stages.append(
-            StageCost(
-                index=s,
-                start=a,
-                stop=b,
-                num_nodes=b - a,
-                first_node=flow.node_names[oc.order[a]],
-                last_node=flow.node_names[oc.order[b - 1]],
-                flops=float(oc.flops[a:b].sum()),
-                weight_bytes=weights,
-                activation_bytes=live,
-                code_bytes=code,
-                recv_bytes=int(oc.cut_bytes[a]),
-                send_bytes=int(oc.cut_bytes[b]),
-                memory_bytes=weights + live + code,
-                budget_bytes=int(caps[s]),
-                capacity_bytes=target.memory_bytes,
-                compute_s=total - comm,
-                comm_s=comm,
-                time_s=total,
-                flops_s=total - comm - host - overhead,
-                overhead_s=overhead,
-                host_s=host,
-                comm_in_s=comm_in,
-                comm_out_s=comm_out,
-            )
-        )
-    cut_tensors = []
-    for c, position in enumerate(bounds[1:-1], start=1):
-        crossing = np.flatnonzero(
-            (oc.producer_pos >= 0) & (oc.producer_pos < position) & (oc.last_pos >= position)
-        )
-        for t in crossing.tolist():
-            cut_tensors.append(
-                CutTensor(c, flow.tensor_names[t], int(analysis.costs.tensor_bytes[t]))
-            )
-    return Plan(
-        devices=len(stages),
-        order_name=order_name,
-        order=oc.order,
-        bounds=bounds,
-        assignment=assignment,
-        stages=tuple(stages),
-        cut_tensors=tuple(cut_tensors),
-        bottleneck_s=partition.bottleneck_s,
-        lower_bound_s=bound,
-        safety_margin=margin,
-        memory_scale=tuple(float(x) for x in scale),
-    )
-
-
-def _node_too_large(
-    analysis: Analysis, target: Target, margin: float, typical: float
-) -> PlanInfeasibleError | None:
-    """A node that cannot fit even alone (its weights, inputs, outputs and code) rules out every split."""
-    floor = memory_floor(analysis, target)
-    capacity = target.memory_bytes
-    worst = int(np.argmax(floor.node_bytes))
-    need = float(floor.node_bytes[worst]) * margin * typical
-    if need <= capacity:
-        return None
-    node = analysis.flow.node_names[worst]
-    learned = f" × correction {typical:.3g}" if typical != 1.0 else ""
-    return PlanInfeasibleError(
-        f"node {node!r} alone needs {fmt_bytes(need)} (its weights, inputs, outputs and code, "
-        f"× margin {margin:g}{learned}) but one {target.name} device holds {fmt_bytes(capacity)}: "
-        "no number of pipeline stages can fit it",
-        hint="reduce batch_size or the op's size, or use a target with more memory",
-        device=None,
-        short_bytes=int(need - capacity),
-        min_devices=None,
-    )
-
-
-def _infeasible_proof(
-    analysis: Analysis, target: Target, devices: int, margin: float, scale: np.ndarray
-) -> PlanInfeasibleError | None:
-    """Facts that rule out every split without searching them, or None (the search was not a proof)."""
-    typical = float(np.median(scale))
-    too_large = _node_too_large(analysis, target, margin, typical)
-    if too_large is not None:
-        return too_large
-    floor = memory_floor(analysis, target)
-    caps = target.memory_bytes / (margin * scale)
-    if floor.total_bytes <= caps.sum():
-        return None
-    needed = floor.min_devices(target.memory_bytes / (margin * typical))
-    short = int((floor.total_bytes - caps.sum()) * margin * typical)
-    return PlanInfeasibleError(
-        f"the model does not fit on {devices} × {target.name}: its distinct weights and per-node code "
-        f"alone need {fmt_bytes(floor.total_bytes * margin)} (× margin {margin:g}), more than the "
-        f"{devices} devices' {fmt_bytes(caps.sum() * margin)} together: short by {fmt_bytes(max(short, 0))}. "
-        f"At least {needed} devices are needed.",
-        hint=f"rerun with --devices {max(needed, devices + 1)} (or lower plan.safety_margin if you trust the estimate)",
-        device=None,
-        short_bytes=short,
-        min_devices=needed,
-    )
-
-
-def _infeasible_exact(
-    analysis: Analysis,
-    target: Target,
-    compute_s: np.ndarray,
-    reference: np.ndarray,
-    devices: int,
-    margin: float,
-    scale: np.ndarray,
-    ideals: int,
-) -> PlanInfeasibleError:
-    """Every valid split was checked and none fits: say so, and how many devices do fit."""
-    typical = float(np.median(scale))
-    too_large = _node_too_large(analysis, target, margin, typical)
-    if too_large is not None:
-        return too_large
-    n = analysis.flow.num_nodes
-    costed = (analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)
-    needed = None
-    floor = memory_floor(analysis, target).min_devices(target.memory_bytes / (margin * typical))
-    for more in range(max(devices + 1, floor), n + 1):
-        caps = np.full(more, target.memory_bytes / (margin * typical))
-        found = solve_ideals(
-            analysis, target, compute_s, reference, caps, require_costed=int(costed.sum()) >= more
-        )
-        if found is not None and found.assignment is not None:
-            needed = more
-            break
-    error = PlanInfeasibleError(
-        f"the model does not fit on {devices} × {target.name}: none of its valid splits (every split "
-        f"over its {ideals} ideals was checked) fits the devices' memory at margin {margin:g}"
-        + (
-            f" with the learned corrections {', '.join(f'{x:.3g}' for x in scale)}"
-            if (scale != 1.0).any()
-            else ""
-        )
-        + (f". At least {needed} devices are needed." if needed is not None else "."),
-        hint=f"rerun with --devices {needed}"
-        if needed is not None
-        else "use a target with more memory",
-        device=None,
-        min_devices=needed,
-    )
-    if margin > 1.0:
-        caps = target.memory_bytes / scale
-        found = solve_ideals(
-            analysis,
-            target,
-            compute_s,
-            reference,
-            caps,
-            require_costed=int(costed.sum()) >= devices,
-        )
-        if found is not None and found.assignment is not None:
-            error.fits_without_margin = True
-            error.message += (
-                f" Without the safety margin ({margin:g}) a split does fit the estimate: "
-                "`sharderd shard` with a compile backend tries it once."
-            )
-    return error
