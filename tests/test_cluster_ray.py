@@ -33,6 +33,8 @@ from sharderd.backends.pool import AttemptPool  # noqa: E402
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest  # noqa: E402
 from sharderd.cluster.errors import AttemptLostError, UnschedulableError  # noqa: E402
 from sharderd.cluster.executor import RayRunner  # noqa: E402
+from sharderd.cluster.results import accept_result  # noqa: E402
+from sharderd.cluster.staging import stage_attempt  # noqa: E402
 from sharderd.cluster.sweeper import sweeper_pid  # noqa: E402
 from sharderd.config import ClusterConfig  # noqa: E402
 
@@ -257,8 +259,15 @@ def test_a_corrupted_artifact_is_never_taken(runner: RayRunner, tmp_path: Path) 
     workdir = _attempt_dir(tmp_path)
     request = _request(workdir)
     remote = tmp_path / "shared" / "job-1" / "run-1-attempt-0-test"
-    payload = runner._stage(
-        request, workdir, remote, "job-1", 60.0, KILL_GRACE, [sys.executable, str(ARTIFACT_WORKER)]
+    payload = stage_attempt(
+        runner.cluster,
+        request,
+        workdir,
+        remote,
+        "job-1",
+        60.0,
+        KILL_GRACE,
+        [sys.executable, str(ARTIFACT_WORKER)],
     )
     ref = runner._remote.options(resources={WORKER_RESOURCE: 1}).remote(payload)
     result = anyio.run(
@@ -268,11 +277,11 @@ def test_a_corrupted_artifact_is_never_taken(runner: RayRunner, tmp_path: Path) 
     data = bytearray(sealed.read_bytes())
     data[10] ^= 0xFF  # same size, one byte flipped: only the sha256 can tell
     sealed.write_bytes(bytes(data))
-    outcome = runner._accept(result, request, workdir, "attempt-0")
+    outcome = accept_result(result, request, workdir, "attempt-0")
     assert outcome.outcome == "crashed" and "does not match" in outcome.message
     assert outcome.artifact is None and not (workdir / "model.popef").exists()
     sealed.write_bytes(bytes(data[: len(data) // 2]))  # a partial file: the size tells
-    outcome = runner._accept(result, request, workdir, "attempt-0")
+    outcome = accept_result(result, request, workdir, "attempt-0")
     assert outcome.outcome == "crashed" and not (workdir / "model.popef").exists()
 
 
