@@ -24,7 +24,17 @@ LOCK_NAME: Final = "daemon.lock"
 class StateLock:
     """Hold ``state_dir/daemon.lock`` or refuse to start, naming the daemon that holds it."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, state_dir: Path) -> StateLock:
+        """Take the lock and write our pid into it.
+
+        Raises:
+            ConfigError: Another daemon holds it (the message names its pid).
+        """
         path = state_dir / LOCK_NAME
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -41,8 +51,7 @@ class StateLock:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.path = path
-        self._fd: int | None = fd
+        return cls(path, fd)
 
     def release(self) -> None:
         if self._fd is not None:

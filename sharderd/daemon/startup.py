@@ -50,7 +50,7 @@ def open_daemon(config: Config) -> Opened:
         )
     daemon = _absolute(config.daemon)
     dirs = prepare_dirs(daemon)
-    lock = StateLock(dirs.state_dir)
+    lock = StateLock.acquire(dirs.state_dir)
     try:
         control_dir = ensure_control_dir(dirs.state_dir, daemon.dir_mode)
     except OSError as exc:
