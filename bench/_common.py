@@ -26,6 +26,7 @@ __all__ = [
     "machine",
     "machine_markdown",
     "markdown_table",
+    "mini_target_config",
     "run_measured",
     "sharderd_exe",
     "write_json",
@@ -189,3 +190,12 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def mini_target_config(tiles: int, tile_bytes: int = 638_976) -> str:
+    """A sharderd.toml whose default target is a ``tiles``-tile Mk2 ("mini"), so small models
+    need several devices against the fake PopRT."""
+    return (
+        f'[target]\nname = "mini"\n\n[targets.mini]\nbase = "ipu-mk2"\ntiles = {tiles}\n'
+        f"memory_bytes = {tiles * tile_bytes}\n"
+    )

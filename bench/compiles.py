@@ -48,6 +48,7 @@ from _common import (  # bench/ is not a package: python puts this folder on sys
     machine,
     machine_markdown,
     markdown_table,
+    mini_target_config,
     write_json,
 )
 from onnx import helper
@@ -68,14 +69,7 @@ BENCHMARKS = REPO / "BENCHMARKS.md"
 SECTION = "## Compile attempts"
 TILES = 24
 TILE_BYTES = 638_976
-CONFIG = f"""[target]
-name = "mini"
-
-[targets.mini]
-base = "ipu-mk2"
-tiles = {TILES}
-memory_bytes = {TILES * TILE_BYTES}
-"""
+CONFIG = mini_target_config(TILES, TILE_BYTES)
 DEFAULT_AMP = 0.6
 LOWEST_AMP = 0.1
 SEED_MAX_COMPILES = 30

@@ -21,7 +21,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from _common import OUT, machine, machine_markdown, markdown_table  # bench/ is not a package
+from _common import (  # bench/ is not a package
+    OUT,
+    machine,
+    machine_markdown,
+    markdown_table,
+    mini_target_config,
+)
 
 from sharderd import examples
 
@@ -29,14 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fake_poprt"
 WORK = OUT / "pipeline_throughput"
 TILES = 24
-CONFIG = f"""[target]
-name = "mini"
-
-[targets.mini]
-base = "ipu-mk2"
-tiles = {TILES}
-memory_bytes = {TILES * 638_976}
-"""
+CONFIG = mini_target_config(TILES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
