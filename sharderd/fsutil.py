@@ -10,30 +10,32 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import TypedDict, Unpack
 
-__all__ = ["atomic_write", "fsync_dir", "write_temp"]
+__all__ = ["WriteOptions", "atomic_write", "fsync_dir", "write_temp"]
 
 
-def atomic_write(
-    path: Path,
-    data: bytes | str,
-    *,
-    mode: int = 0o666,
-    exact_mode: bool = False,
-    durable: bool = True,
-) -> None:
+class WriteOptions(TypedDict, total=False):
+    """How ``write_temp`` writes (and so ``atomic_write``); see ``write_temp``."""
+
+    mode: int
+    exact_mode: bool
+    durable: bool
+
+
+def atomic_write(path: Path, data: bytes | str, **options: Unpack[WriteOptions]) -> None:
     """Replace ``path`` with ``data``: a reader sees the old file or the new one, never a part.
 
-    ``write_temp``, then a rename; with ``durable`` the folder is fsynced after it, so the new
-    entry survives a crash. On any failure the temp file is removed.
+    ``write_temp``, then a rename; when ``durable`` (the default) the folder is fsynced after it,
+    so the new entry survives a crash. On any failure the temp file is removed.
     """
-    tmp = write_temp(path, data, mode=mode, exact_mode=exact_mode, durable=durable)
+    tmp = write_temp(path, data, **options)
     try:
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if durable:
+    if options.get("durable", True):
         fsync_dir(path.parent)
 
 
