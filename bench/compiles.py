@@ -163,7 +163,9 @@ class TruthOracle:
         weights = sum(self.graph.weights[name] for name in used) * truth.weight_factor
         code = sum(truth.code_bytes.get(n.op_type, truth.code_default) for n in self.graph.nodes)
         # the worst tile is at least the uniform share × imbalance, scattered down by the noise at most
-        per_device = (TILE_BYTES - truth.tile_overhead) * TILES / (truth.imbalance * (1 - truth.noise))
+        per_device = (
+            (TILE_BYTES - truth.tile_overhead) * TILES / (truth.imbalance * (1 - truth.noise))
+        )
         return max(1, math.ceil((weights + code) / per_device))
 
     def greedy_split(self, amp: float, cap: int = 32) -> list[int] | None:
@@ -207,8 +209,11 @@ class TruthOracle:
             node.attribute.append(helper.make_attribute("__pipeline_stage", ipu))
         devices = max(ipus) + 1
         options = fake.CompilerOptions(
-            num_ipus=devices, virtual_graph_mode="manual", enable_pipelining=devices > 1,
-            batches_per_step=devices, available_memory_proportion=amp,
+            num_ipus=devices,
+            virtual_graph_mode="manual",
+            enable_pipelining=devices > 1,
+            batches_per_step=devices,
+            available_memory_proportion=amp,
         )
         saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("FAKE_POPRT")}
         os.environ.update(FAKE_POPRT_TILES=str(TILES), FAKE_POPRT_TRUTH=json.dumps(self.truth))
@@ -352,17 +357,42 @@ def _shell(argv: Sequence[str], truth: Mapping[str, Any]) -> str:
 
 
 def run_sharderd(
-    model: Path, devices: int, truth: Mapping[str, Any], cell: Path, config: Path, parallel: int | None
+    model: Path,
+    devices: int,
+    truth: Mapping[str, Any],
+    cell: Path,
+    config: Path,
+    parallel: int | None,
 ) -> ToolRun:
     log = cell / "sharderd.compiles.jsonl"
     out = cell / "sharderd"
-    argv = [sys.executable, "-m", "sharderd.cli", "shard", str(model), "--devices", str(devices),
-            "--backend", "poprt", "--config", str(config), "--out", str(out), "--quiet"]
+    argv = [
+        sys.executable,
+        "-m",
+        "sharderd.cli",
+        "shard",
+        str(model),
+        "--devices",
+        str(devices),
+        "--backend",
+        "poprt",
+        "--config",
+        str(config),
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     if parallel is not None:
         argv += ["--parallel", str(parallel)]
     began = time.perf_counter()
-    proc = subprocess.run(argv, env=_env(truth, log, sharderd_on_path=True), capture_output=True,
-                          text=True, timeout=1800, check=False)
+    proc = subprocess.run(
+        argv,
+        env=_env(truth, log, sharderd_on_path=True),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     wall = time.perf_counter() - began
     compiles, lowered = _count(_compile_log(log))
     report_path = out / "report.json"
@@ -374,35 +404,89 @@ def run_sharderd(
     command = _shell(argv, truth)
     if proc.returncode == 0:
         plan = report["plan"]
-        return ToolRun("compiled", compiles, lowered, cancelled, wall, float(plan["ratio_to_bound"]),
-                       None, int(plan["devices"]), "", command)
+        return ToolRun(
+            "compiled",
+            compiles,
+            lowered,
+            cancelled,
+            wall,
+            float(plan["ratio_to_bound"]),
+            None,
+            int(plan["devices"]),
+            "",
+            command,
+        )
     if proc.returncode == 3:
         detail = next((line for line in proc.stderr.splitlines() if "error:" in line), "")
-        return ToolRun("does not fit", compiles, lowered, cancelled, wall, None, None, None, detail, command)
+        return ToolRun(
+            "does not fit", compiles, lowered, cancelled, wall, None, None, None, detail, command
+        )
     if proc.returncode == 1 and "not a proof" in proc.stderr:  # the attempt cap, no verdict
         detail = next((line for line in proc.stderr.splitlines() if "error:" in line), "")
-        return ToolRun("gave up", compiles, lowered, cancelled, wall, None, None, None, detail, command)
+        return ToolRun(
+            "gave up", compiles, lowered, cancelled, wall, None, None, None, detail, command
+        )
     tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-    return ToolRun("error", compiles, lowered, cancelled, wall, None, None, None,
-                   f"exit {proc.returncode}: {tail}", command)
+    return ToolRun(
+        "error",
+        compiles,
+        lowered,
+        cancelled,
+        wall,
+        None,
+        None,
+        None,
+        f"exit {proc.returncode}: {tail}",
+        command,
+    )
 
 
 def run_seed(
-    model: Path, devices: int, truth: Mapping[str, Any], cell: Path, analysis: Analysis, target: Target
+    model: Path,
+    devices: int,
+    truth: Mapping[str, Any],
+    cell: Path,
+    analysis: Analysis,
+    target: Target,
 ) -> ToolRun:
     log = cell / "seed.compiles.jsonl"
-    argv = [sys.executable, str(SEED), str(model), "--num-ipus", str(devices), "--tiles", str(TILES),
-            "--max-compiles", str(SEED_MAX_COMPILES)]
+    argv = [
+        sys.executable,
+        str(SEED),
+        str(model),
+        "--num-ipus",
+        str(devices),
+        "--tiles",
+        str(TILES),
+        "--max-compiles",
+        str(SEED_MAX_COMPILES),
+    ]
     began = time.perf_counter()
-    proc = subprocess.run(argv, env=_env(truth, log, sharderd_on_path=False), capture_output=True,
-                          text=True, timeout=3600, check=False)
+    proc = subprocess.run(
+        argv,
+        env=_env(truth, log, sharderd_on_path=False),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
     wall = time.perf_counter() - began
     compiles, lowered = _count(_compile_log(log))
     command = _shell(argv, truth)
     if proc.returncode not in (0, 3):
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        return ToolRun("error", compiles, lowered, 0, wall, None, None, None,
-                       f"exit {proc.returncode}: {tail}", command)
+        return ToolRun(
+            "error",
+            compiles,
+            lowered,
+            0,
+            wall,
+            None,
+            None,
+            None,
+            f"exit {proc.returncode}: {tail}",
+            command,
+        )
     data = json.loads(proc.stdout)
     groups = len(data["groups"])
     detail = f"{data['blocks']} blocks, {groups} groups"
@@ -411,8 +495,18 @@ def run_seed(
     cost = split_cost(analysis, target, data["assignment"], devices)
     if not cost.pipeline:
         detail += ", not a pipeline order"
-    return ToolRun("compiled", compiles, lowered, 0, wall, cost.ratio_to_bound, cost.flops_max_over_mean,
-                   cost.devices_used, detail, command)
+    return ToolRun(
+        "compiled",
+        compiles,
+        lowered,
+        0,
+        wall,
+        cost.ratio_to_bound,
+        cost.flops_max_over_mean,
+        cost.devices_used,
+        detail,
+        command,
+    )
 
 
 # --- the matrix ----------------------------------------------------------------------------------
@@ -468,7 +562,9 @@ def applies(truth: Mapping[str, Any], model: onnx.ModelProto) -> bool:
 
 
 def run_matrix(
-    models: Sequence[ModelSpec], truths: Mapping[str, Mapping[str, Any]], parallel: int | None,
+    models: Sequence[ModelSpec],
+    truths: Mapping[str, Mapping[str, Any]],
+    parallel: int | None,
     progress: Callable[[str], None],
 ) -> tuple[list[Cell], dict[str, dict[str, Feasibility]]]:
     WORK.mkdir(parents=True, exist_ok=True)
@@ -493,8 +589,12 @@ def run_matrix(
                 _clean(cell_dir)
                 s = run_sharderd(path, devices, truth, cell_dir, config, parallel)
                 seed = run_seed(path, devices, truth, cell_dir, analysis, target)
-                cells.append(Cell(spec.name, truth_name, devices, _expected(devices, feas), s, seed))
-                progress(f"  N={devices}: sharderd {s.outcome} in {s.compiles}, seed {seed.outcome} in {seed.compiles}")
+                cells.append(
+                    Cell(spec.name, truth_name, devices, _expected(devices, feas), s, seed)
+                )
+                progress(
+                    f"  N={devices}: sharderd {s.outcome} in {s.compiles}, seed {seed.outcome} in {seed.compiles}"
+                )
     return cells, feasibility
 
 
@@ -520,17 +620,25 @@ def problems(cells: Sequence[Cell]) -> list[str]:
         if s.outcome == "error":
             found.append(f"crash: {where}: {s.detail}: `{s.command}`")
         elif s.outcome == "does not fit" and c.expected.startswith("fits"):
-            found.append(f"wrong \"does not fit\" after {s.compiles} compile(s): {where} (the truth {c.expected}): `{s.command}`")
+            found.append(
+                f'wrong "does not fit" after {s.compiles} compile(s): {where} (the truth {c.expected}): `{s.command}`'
+            )
         elif s.outcome == "compiled" and c.expected.startswith("cannot fit"):
             found.append(f"compiled a proven-impossible count (bench bug?): {where}: `{s.command}`")
         elif s.outcome == "compiled" and s.compiles > 3:
             found.append(f"{s.compiles} compiles to the first success: {where}: `{s.command}`")
         elif s.outcome != "compiled" and c.expected.startswith("fits"):
-            found.append(f"no success where the truth {c.expected}: {where}: {s.outcome}: `{s.command}`")
+            found.append(
+                f"no success where the truth {c.expected}: {where}: {s.outcome}: `{s.command}`"
+            )
         elif s.outcome == "gave up" and c.expected.startswith("cannot fit"):
-            found.append(f"no verdict within the attempt cap ({s.compiles} compiles): {where}: `{s.command}`")
+            found.append(
+                f"no verdict within the attempt cap ({s.compiles} compiles): {where}: `{s.command}`"
+            )
         elif s.outcome == "does not fit" and c.expected.startswith("cannot fit") and s.compiles > 2:
-            found.append(f"{s.compiles} compiles ({s.lower_amp} at a lower AMP) to \"does not fit\": {where}: `{s.command}`")
+            found.append(
+                f'{s.compiles} compiles ({s.lower_amp} at a lower AMP) to "does not fit": {where}: `{s.command}`'
+            )
     return found
 
 
@@ -561,16 +669,36 @@ def _fmt_ratio(run: ToolRun, devices: int) -> str:
 
 
 def table(cells: Sequence[Cell]) -> str:
-    header = ["model", "truth", "N", "truth says", "sharderd compiles", "seed compiles",
-              "sharderd s", "seed s", "sharderd slowest/bound", "seed slowest/bound", "seed FLOPs max/mean"]
+    header = [
+        "model",
+        "truth",
+        "N",
+        "truth says",
+        "sharderd compiles",
+        "seed compiles",
+        "sharderd s",
+        "seed s",
+        "sharderd slowest/bound",
+        "seed slowest/bound",
+        "seed FLOPs max/mean",
+    ]
     rows = []
     for c in cells:
-        rows.append([
-            c.model, c.truth, c.devices, c.expected, _fmt_run(c.sharderd), _fmt_run(c.seed),
-            f"{c.sharderd.wall_s:.1f}", f"{c.seed.wall_s:.1f}", _fmt_ratio(c.sharderd, c.devices),
-            _fmt_ratio(c.seed, c.devices),
-            "–" if c.seed.flops_ratio is None else f"{c.seed.flops_ratio:.2f}",
-        ])
+        rows.append(
+            [
+                c.model,
+                c.truth,
+                c.devices,
+                c.expected,
+                _fmt_run(c.sharderd),
+                _fmt_run(c.seed),
+                f"{c.sharderd.wall_s:.1f}",
+                f"{c.seed.wall_s:.1f}",
+                _fmt_ratio(c.sharderd, c.devices),
+                _fmt_ratio(c.seed, c.devices),
+                "–" if c.seed.flops_ratio is None else f"{c.seed.flops_ratio:.2f}",
+            ]
+        )
     return markdown_table(header, rows)
 
 
@@ -592,7 +720,7 @@ def summary(cells: Sequence[Cell]) -> str:
         f"compiled {len(seed_ok)}/{len(fits)}, median **{_median(seed_ok)}** (max {max(seed_ok, default=0)}). "
         f"Where both compiled ({len(both)}), the slowest stage over the bound: sharderd median "
         f"{_median([c.sharderd.ratio or 0 for c in both])}, seed {_median([c.seed.ratio or 0 for c in both])}. "
-        f"**Proven too few devices** ({len(short)} cells): sharderd said \"does not fit\" in "
+        f'**Proven too few devices** ({len(short)} cells): sharderd said "does not fit" in '
         f"{len(s_short)}/{len(short)}, after a median of **{_median([r.compiles for r in s_short])}** "
         f"compiles (max {max((r.compiles for r in s_short), default=0)}; AMP retries aside: median "
         f"{_median([r.compiles - r.lower_amp for r in s_short])}, max "
@@ -619,15 +747,25 @@ def per_truth_table(cells: Sequence[Cell]) -> str:
             runs = [getattr(c, tool) for c in fits]
             ok = [r.compiles for r in runs if r.outcome == "compiled"]
             wrong = sum(1 for r in runs if r.outcome != "compiled")
-            settled = [getattr(c, tool).compiles for c in short if getattr(c, tool).outcome != "compiled"]
+            settled = [
+                getattr(c, tool).compiles for c in short if getattr(c, tool).outcome != "compiled"
+            ]
             row += [f"{len(ok)}/{len(fits)}", _spread(ok), wrong, _spread(settled)]
         rows.append(row)
     return markdown_table(
-        ["truth", "cells: fits", "cells: cannot fit",
-         "sharderd compiled", "sharderd compiles to success (median / max)", "sharderd wrong verdicts",
-         "sharderd compiles to \"does not fit\" (median / max)",
-         "seed compiled", "seed compiles to success (median / max)", "seed wrong verdicts",
-         "seed compiles to give up (median / max)"],
+        [
+            "truth",
+            "cells: fits",
+            "cells: cannot fit",
+            "sharderd compiled",
+            "sharderd compiles to success (median / max)",
+            "sharderd wrong verdicts",
+            'sharderd compiles to "does not fit" (median / max)',
+            "seed compiled",
+            "seed compiles to success (median / max)",
+            "seed wrong verdicts",
+            "seed compiles to give up (median / max)",
+        ],
         rows,
     )
 
@@ -636,17 +774,36 @@ def feasibility_table(feas: Mapping[str, Mapping[str, Feasibility]]) -> str:
     rows = []
     for model, by_truth in feas.items():
         for truth, f in by_truth.items():
-            rows.append([model, truth, f.proven_below - 1, f.min_fit or "–", f.min_fit_lowest_amp or "–",
-                         f"`{f.node_too_big}`" if f.node_too_big else "–"])
+            rows.append(
+                [
+                    model,
+                    truth,
+                    f.proven_below - 1,
+                    f.min_fit or "–",
+                    f.min_fit_lowest_amp or "–",
+                    f"`{f.node_too_big}`" if f.node_too_big else "–",
+                ]
+            )
     return markdown_table(
-        ["model", "truth", "proven short at ≤", "min with a witness (amp 0.6)", "min (amp 0.1)",
-         "node too big for any N"],
+        [
+            "model",
+            "truth",
+            "proven short at ≤",
+            "min with a witness (amp 0.6)",
+            "min (amp 0.1)",
+            "node too big for any N",
+        ],
         rows,
     )
 
 
-def section(cells: Sequence[Cell], feas: Mapping[str, Mapping[str, Feasibility]], command: str,
-            found: Sequence[str], info: Mapping[str, Any]) -> str:
+def section(
+    cells: Sequence[Cell],
+    feas: Mapping[str, Mapping[str, Feasibility]],
+    command: str,
+    found: Sequence[str],
+    info: Mapping[str, Any],
+) -> str:
     models = ", ".join(spec.label for spec in MODELS if spec.name in feas)
     truths = "; ".join(f"{name} `{json.dumps(dict(t))}`" for name, t in TRUTHS.items())
     lines = [
@@ -661,16 +818,16 @@ def section(cells: Sequence[Cell], feas: Mapping[str, Mapping[str, Feasibility]]
         "three do not: the worst tile is the biggest op's (its weights, operands and temporaries on 40% "
         "of the tiles, as a big matmul's partials or an embedding's rows), exchange and code follow op "
         "types, or every split's worst tile scatters by up to ±10%. Targets (issue 12): no wrong \"does "
-        "not fit\"; where the truth fits, median 1 and at most 3 compiles to the first success; where it "
+        'not fit"; where the truth fits, median 1 and at most 3 compiles to the first success; where it '
         "cannot, the verdict in at most 2 compiles.",
         "",
-        "\"truth says\" comes from neither tool: *fits* = a greedy split checked with the fake's own memory "
+        '"truth says" comes from neither tool: *fits* = a greedy split checked with the fake\'s own memory '
         "function exists; *cannot fit* = proven by weights and code alone; *unknown* = neither. Compiles "
         "count finished compile calls up to the first success (AMP retries included and marked; sharderd runs "
         "two at a time by default, so which attempt lands first can move its count by one between runs, and "
         "its cancelled speculative attempts are shown separately; the seed runs one at a time here). slowest/bound = the slowest "
         "stage's predicted time over sharderd's lower bound for N devices (the seed's split costed with "
-        "sharderd's model; \"k/N used\" = IPUs the seed left empty). Fake compiles take well under a second, "
+        'sharderd\'s model; "k/N used" = IPUs the seed left empty). Fake compiles take well under a second, '
         "so wall time here is mostly planning and process start-up; on an IPU host each compile takes minutes.",
         "",
         f"    {command}",
@@ -687,8 +844,13 @@ def section(cells: Sequence[Cell], feas: Mapping[str, Mapping[str, Feasibility]]
         "",
     ]
     if found:
-        lines += ["Where sharderd missed the issue's targets (commands rerun the cell from the repository "
-                  "root after `python bench/compiles.py` built the models):", "", *[f"- {p}" for p in found], ""]
+        lines += [
+            "Where sharderd missed the issue's targets (commands rerun the cell from the repository "
+            "root after `python bench/compiles.py` built the models):",
+            "",
+            *[f"- {p}" for p in found],
+            "",
+        ]
     else:
         lines += ["sharderd met the issue's targets in every cell.", ""]
     return "\n".join(lines)
@@ -703,7 +865,9 @@ def write_section(text: str, path: Path = BENCHMARKS) -> None:
     start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
     if start is None:
         body = "".join(lines)
-        path.write_text(body + ("" if body.endswith("\n\n") else "\n" if body.endswith("\n") else "\n\n") + text)
+        path.write_text(
+            body + ("" if body.endswith("\n\n") else "\n" if body.endswith("\n") else "\n\n") + text
+        )
         return
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
     tail = "".join(lines[end:])
@@ -714,16 +878,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="default truth; transformer and chain")
     parser.add_argument("--models", nargs="*", choices=[m.name for m in MODELS])
-    parser.add_argument("--truths", nargs="*", choices=list(TRUTHS), help="these truths only (default: all)")
+    parser.add_argument(
+        "--truths", nargs="*", choices=list(TRUTHS), help="these truths only (default: all)"
+    )
     parser.add_argument("--parallel", type=int, help="sharderd --parallel (default: its config, 2)")
-    parser.add_argument("--write-benchmarks", action="store_true", help=f"(re)write '{SECTION}' in BENCHMARKS.md")
-    parser.add_argument("--from-json", action="store_true",
-                        help=f"render the last run's {WORK.name}/compiles.json again instead of running")
+    parser.add_argument(
+        "--write-benchmarks", action="store_true", help=f"(re)write '{SECTION}' in BENCHMARKS.md"
+    )
+    parser.add_argument(
+        "--from-json",
+        action="store_true",
+        help=f"render the last run's {WORK.name}/compiles.json again instead of running",
+    )
     args = parser.parse_args(argv)
     if args.from_json:
         saved = json.loads((WORK / "compiles.json").read_text())
         cells = [_cell_from_json(c) for c in saved["cells"]]
-        feas = {m: {t: Feasibility(**f) for t, f in by.items()} for m, by in saved["feasibility"].items()}
+        feas = {
+            m: {t: Feasibility(**f) for t, f in by.items()}
+            for m, by in saved["feasibility"].items()
+        }
         text = section(cells, feas, saved["command"], problems(cells), saved["machine"])
         print(text)
         if args.write_benchmarks:
@@ -734,7 +908,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     truths = {"default": TRUTHS["default"]} if args.quick else TRUTHS
     if args.truths:
         truths = {name: TRUTHS[name] for name in args.truths}
-    cells, feas = run_matrix(models, truths, args.parallel, lambda s: print(s, file=sys.stderr, flush=True))
+    cells, feas = run_matrix(
+        models, truths, args.parallel, lambda s: print(s, file=sys.stderr, flush=True)
+    )
     found = problems(cells)
     command = "python bench/compiles.py" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:]) if a != "--write-benchmarks"
@@ -742,13 +918,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     info = machine()
     text = section(cells, feas, command, found, info)
     print(text)
-    write_json(WORK / "compiles.json", {
-        "command": command,
-        "machine": info,
-        "cells": [_cell_json(c) for c in cells],
-        "feasibility": {m: {t: _feas_json(f) for t, f in by.items()} for m, by in feas.items()},
-        "problems": found,
-    })
+    write_json(
+        WORK / "compiles.json",
+        {
+            "command": command,
+            "machine": info,
+            "cells": [_cell_json(c) for c in cells],
+            "feasibility": {m: {t: _feas_json(f) for t, f in by.items()} for m, by in feas.items()},
+            "problems": found,
+        },
+    )
     if args.write_benchmarks:
         write_section(text)
     return 0
@@ -758,18 +937,34 @@ def _cell_json(cell: Cell) -> dict[str, Any]:
     def run(r: ToolRun) -> dict[str, Any]:
         return {k: getattr(r, k) for k in ToolRun.__dataclass_fields__}
 
-    return {"model": cell.model, "truth": cell.truth, "devices": cell.devices, "expected": cell.expected,
-            "sharderd": run(cell.sharderd), "seed": run(cell.seed)}
+    return {
+        "model": cell.model,
+        "truth": cell.truth,
+        "devices": cell.devices,
+        "expected": cell.expected,
+        "sharderd": run(cell.sharderd),
+        "seed": run(cell.seed),
+    }
 
 
 def _feas_json(f: Feasibility) -> dict[str, Any]:
-    return {"min_fit": f.min_fit, "min_fit_lowest_amp": f.min_fit_lowest_amp, "proven_below": f.proven_below,
-            "node_too_big": f.node_too_big}
+    return {
+        "min_fit": f.min_fit,
+        "min_fit_lowest_amp": f.min_fit_lowest_amp,
+        "proven_below": f.proven_below,
+        "node_too_big": f.node_too_big,
+    }
 
 
 def _cell_from_json(data: Mapping[str, Any]) -> Cell:
-    return Cell(data["model"], data["truth"], data["devices"], data["expected"],
-                ToolRun(**data["sharderd"]), ToolRun(**data["seed"]))
+    return Cell(
+        data["model"],
+        data["truth"],
+        data["devices"],
+        data["expected"],
+        ToolRun(**data["sharderd"]),
+        ToolRun(**data["seed"]),
+    )
 
 
 if __name__ == "__main__":

@@ -63,27 +63,50 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=60, help="jobs in the kill loop (default 60)")
     parser.add_argument("--kills", type=int, default=25, help="kill -9 rounds (default 25)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the kill moments and drop order")
-    parser.add_argument("--burst", type=int, default=1000, help="models in the burst (default 1000)")
-    parser.add_argument("--distinct", type=int, default=None, help="different contents in the burst (default: all)")
-    parser.add_argument("--queue-limit", type=int, default=16, help="inotify max_queued_events for the burst; 0 leaves it")
-    parser.add_argument("--skip", action="append", choices=PHASES, default=[], help="leave a phase out (repeatable)")
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="where the daemons' folders go, kept afterwards (default: a temp dir, removed after a passed run)")
+    parser.add_argument(
+        "--seed", type=int, default=1, help="seed of the kill moments and drop order"
+    )
+    parser.add_argument(
+        "--burst", type=int, default=1000, help="models in the burst (default 1000)"
+    )
+    parser.add_argument(
+        "--distinct", type=int, default=None, help="different contents in the burst (default: all)"
+    )
+    parser.add_argument(
+        "--queue-limit",
+        type=int,
+        default=16,
+        help="inotify max_queued_events for the burst; 0 leaves it",
+    )
+    parser.add_argument(
+        "--skip", action="append", choices=PHASES, default=[], help="leave a phase out (repeatable)"
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the daemons' folders go, kept afterwards (default: a temp dir, removed after a passed run)",
+    )
     args = parser.parse_args()
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="sharderd-soak-"))
     raw: dict[str, Any] = {}
     rows: list[list[object]] = []
     if "kill" not in args.skip:
-        print(f"kill loop: {args.jobs} jobs, {args.kills} kills, seed {args.seed} ...", file=sys.stderr, flush=True)
+        print(
+            f"kill loop: {args.jobs} jobs, {args.kills} kills, seed {args.seed} ...",
+            file=sys.stderr,
+            flush=True,
+        )
         loop = kill_loop(work / "kill", soak_jobs(args.jobs), kills=args.kills, seed=args.seed)
         raw["kill_loop"] = dataclasses.asdict(loop)
         rows.append(_kill_row(loop, args))
     if "burst" not in args.skip:
         distinct = args.distinct or args.burst
         print(f"burst: {args.burst} models ({distinct} different) ...", file=sys.stderr, flush=True)
-        held = burst(work / "burst", args.burst, distinct=distinct, queue_limit=args.queue_limit or None)
+        held = burst(
+            work / "burst", args.burst, distinct=distinct, queue_limit=args.queue_limit or None
+        )
         assert held.rss_end < held.rss_ready + FLAT_RSS_BYTES, held
         raw["burst"] = dataclasses.asdict(held)
         rows.append(_burst_row(held, args))
@@ -91,13 +114,24 @@ def main() -> int:
         print("corpus through one daemon ...", file=sys.stderr, flush=True)
         start = time.monotonic()
         corpus = corpus_through_daemon(work / "corpus")
-        raw["corpus"] = {**dataclasses.asdict(corpus), "seconds": round(time.monotonic() - start, 1)}
+        raw["corpus"] = {
+            **dataclasses.asdict(corpus),
+            "seconds": round(time.monotonic() - start, 1),
+        }
         rows.append(_corpus_row(corpus, raw["corpus"]["seconds"]))
     if args.workdir is None:
         shutil.rmtree(work)  # a failed run raised above and keeps its folders for a look
     info = machine()
-    _merge_json(OUT / "daemon_soak.json", raw, {"machine": info, "args": {k: str(v) for k, v in vars(args).items()}})
-    print(markdown_table(("Run", "Size", "Daemon deaths", "Jobs lost", "Held", "Time", "Command"), rows))
+    _merge_json(
+        OUT / "daemon_soak.json",
+        raw,
+        {"machine": info, "args": {k: str(v) for k, v in vars(args).items()}},
+    )
+    print(
+        markdown_table(
+            ("Run", "Size", "Daemon deaths", "Jobs lost", "Held", "Time", "Command"), rows
+        )
+    )
     print()
     print(machine_markdown(info))
     return 0
@@ -114,27 +148,58 @@ def _merge_json(path: Path, phases: dict[str, Any], run: dict[str, Any]) -> None
 
 
 def _kill_row(r: KillLoopResult, args: argparse.Namespace) -> list[object]:
-    held = (f"{r.kills} kill -9 survived ({r.kills_mid_attempt} mid-attempt, {r.attempts_started} attempts "
-            f"started); {r.succeeded} results + {r.duplicates} duplicates, each once; results byte-identical "
-            "to a clean run; no temp file, no process left")
+    held = (
+        f"{r.kills} kill -9 survived ({r.kills_mid_attempt} mid-attempt, {r.attempts_started} attempts "
+        f"started); {r.succeeded} results + {r.duplicates} duplicates, each once; results byte-identical "
+        "to a clean run; no temp file, no process left"
+    )
     command = f"`python bench/daemon_soak.py --skip burst --skip corpus --jobs {args.jobs} --kills {args.kills} --seed {args.seed}`"
-    return ["kill -9 loop", f"{r.jobs} jobs ({r.distinct} different)", 0, 0, held, f"{r.seconds:.0f} s", command]
+    return [
+        "kill -9 loop",
+        f"{r.jobs} jobs ({r.distinct} different)",
+        0,
+        0,
+        held,
+        f"{r.seconds:.0f} s",
+        command,
+    ]
 
 
 def _burst_row(r: BurstResult, args: argparse.Namespace) -> list[object]:
     queue = f"inotify queue {r.queue_limit} events" if r.queue_limit else "inotify queue unchanged"
-    held = (f"each processed once; {queue}, {r.detected_by_event} seen by an event, the rest by the rescan; "
-            f"RSS {fmt_bytes(r.rss_ready)} at ready, {fmt_bytes(r.rss_end)} at the end, peak {fmt_bytes(r.rss_peak)}")
+    held = (
+        f"each processed once; {queue}, {r.detected_by_event} seen by an event, the rest by the rescan; "
+        f"RSS {fmt_bytes(r.rss_ready)} at ready, {fmt_bytes(r.rss_end)} at the end, peak {fmt_bytes(r.rss_peak)}"
+    )
     command = f"`python bench/daemon_soak.py --skip kill --skip corpus --burst {args.burst}`"
-    return ["burst", f"{r.models} models ({r.distinct} different)", 0, 0, held, f"{r.seconds:.0f} s", command]
+    return [
+        "burst",
+        f"{r.models} models ({r.distinct} different)",
+        0,
+        0,
+        held,
+        f"{r.seconds:.0f} s",
+        command,
+    ]
 
 
 def _corpus_row(r: CorpusResult, seconds: float) -> list[object]:
     reasons = ", ".join(f"{k} {v}" for k, v in r.reasons.items())
-    bugs = f"; internal_error only for reported bugs ({', '.join(r.internal_errors)})" if r.internal_errors else ""
+    bugs = (
+        f"; internal_error only for reported bugs ({', '.join(r.internal_errors)})"
+        if r.internal_errors
+        else ""
+    )
     held = f"{r.jobs} jobs: {r.failed} failed with a reason ({reasons}), {r.succeeded} valid ones published{bugs}"
-    return ["bad-input corpus", f"{r.entries} inputs", r.daemon_deaths, r.lost, held, f"{seconds:.0f} s",
-            "`python bench/daemon_soak.py --skip kill --skip burst`"]
+    return [
+        "bad-input corpus",
+        f"{r.entries} inputs",
+        r.daemon_deaths,
+        r.lost,
+        held,
+        f"{seconds:.0f} s",
+        "`python bench/daemon_soak.py --skip kill --skip burst`",
+    ]
 
 
 if __name__ == "__main__":

@@ -41,8 +41,12 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from daemon_helpers import DaemonProcess, chain_model, cpu_seconds, save_model, ts, write_config  # noqa: E402
 
-STYLES = ("rename, written earlier", "write + rename at once", "cp inbox/.x.part && mv (systemd README)",
-          "written in place")
+STYLES = (
+    "rename, written earlier",
+    "write + rename at once",
+    "cp inbox/.x.part && mv (systemd README)",
+    "written in place",
+)
 """How a file arrives: renamed in from another folder long after its last write; written elsewhere
 and renamed in within the same clock tick (ctime == mtime); the systemd README's recipe, a copy to
 a staging name in the inbox and a ``mv`` at once (``cp`` and ``mv`` as subprocesses); written
@@ -54,8 +58,12 @@ def pickup(root: Path, settle: float, repeat: int, in_place: int) -> dict[str, l
     """Seconds from "complete" to ``job.claimed``, per delivery style."""
     config = write_config(root, settle_seconds=settle, rescan_interval=30.0)
     latencies: dict[str, list[float]] = {style: [] for style in STYLES}
-    staged = {(k, style): save_model(chain_model(1000 + 10 * k + n), root / "models" / f"s{n}-{k}.onnx")
-              for k in range(repeat) for n, style in enumerate(STYLES) if style != STYLES[3] or k < in_place}
+    staged = {
+        (k, style): save_model(chain_model(1000 + 10 * k + n), root / "models" / f"s{n}-{k}.onnx")
+        for k in range(repeat)
+        for n, style in enumerate(STYLES)
+        if style != STYLES[3] or k < in_place
+    }
     daemon = DaemonProcess(config)
     try:
         daemon.ready()
@@ -110,40 +118,91 @@ def throughput(root: Path, count: int, settle: float) -> dict[str, Any]:
             path.rename(root / "inbox" / path.name)
         done = daemon.wait_for("job.succeeded", count=count, timeout=60 + 5 * count)
         claims = daemon.events("job.claimed")
-        assert len(claims) == count and not daemon.events("job.failed"), "every job must finish once"
+        assert len(claims) == count and not daemon.events("job.failed"), (
+            "every job must finish once"
+        )
         wall = max(ts(line) for line in done) - start
         assert daemon.stop() == 0
     finally:
         daemon.close()
-    return {"models": count, "wall_s": wall, "jobs_per_s": count / wall,
-            "first_claim_s": min(ts(line) for line in claims) - start}
+    return {
+        "models": count,
+        "wall_s": wall,
+        "jobs_per_s": count / wall,
+        "first_claim_s": min(ts(line) for line in claims) - start,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--settle", type=float, default=5.0, help="settle_seconds (default 5, the daemon's)")
-    parser.add_argument("--models", type=int, default=100, help="models dropped at once for throughput")
-    parser.add_argument("--repeat", type=int, default=5, help="pickup measurements per rename style")
-    parser.add_argument("--in-place", type=int, default=5, help="pickup measurements of in-place writes")
+    parser.add_argument(
+        "--settle", type=float, default=5.0, help="settle_seconds (default 5, the daemon's)"
+    )
+    parser.add_argument(
+        "--models", type=int, default=100, help="models dropped at once for throughput"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="pickup measurements per rename style"
+    )
+    parser.add_argument(
+        "--in-place", type=int, default=5, help="pickup measurements of in-place writes"
+    )
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of idle CPU measurement")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sharderd-bench-") as tmp:
-        latencies = pickup(Path(tmp) / "pickup", args.settle, args.repeat, min(args.in_place, args.repeat))
+        latencies = pickup(
+            Path(tmp) / "pickup", args.settle, args.repeat, min(args.in_place, args.repeat)
+        )
         rate = throughput(Path(tmp) / "throughput", args.models, args.settle)
         idle = idle_cpu(Path(tmp) / "idle", args.idle)
-    rows = [[style, len(v), f"{statistics.median(v):.3f}", f"{max(v):.3f}", f"{sum(x < 1.0 for x in v)} of {len(v)}"]
-            for style, v in latencies.items() if v]
+    rows = [
+        [
+            style,
+            len(v),
+            f"{statistics.median(v):.3f}",
+            f"{max(v):.3f}",
+            f"{sum(x < 1.0 for x in v)} of {len(v)}",
+        ]
+        for style, v in latencies.items()
+        if v
+    ]
     print(machine_markdown(machine()))
     print(f"\nsettle_seconds = {args.settle:g}, backend none\n")
-    print(markdown_table(["pickup (complete → job.claimed)", "n", "median s", "max s", "claimed < 1 s"], rows))
+    print(
+        markdown_table(
+            ["pickup (complete → job.claimed)", "n", "median s", "max s", "claimed < 1 s"], rows
+        )
+    )
     print()
-    print(markdown_table(
-        ["models at once", "wall s (first rename → last job.succeeded)", "jobs/s", "first claim s"],
-        [[rate["models"], f"{rate['wall_s']:.1f}", f"{rate['jobs_per_s']:.2f}", f"{rate['first_claim_s']:.2f}"]],
-    ))
+    print(
+        markdown_table(
+            [
+                "models at once",
+                "wall s (first rename → last job.succeeded)",
+                "jobs/s",
+                "first claim s",
+            ],
+            [
+                [
+                    rate["models"],
+                    f"{rate['wall_s']:.1f}",
+                    f"{rate['jobs_per_s']:.2f}",
+                    f"{rate['first_claim_s']:.2f}",
+                ]
+            ],
+        )
+    )
     print(f"\nidle: {idle:.3f} CPU seconds per minute (inotify watch, rescan every 30 s)")
-    write_json(OUT / "daemon_throughput.json", {"machine": machine(), "settle_seconds": args.settle,
-                                                "pickup_s": latencies, "throughput": rate, "idle_cpu_s_per_min": idle})
+    write_json(
+        OUT / "daemon_throughput.json",
+        {
+            "machine": machine(),
+            "settle_seconds": args.settle,
+            "pickup_s": latencies,
+            "throughput": rate,
+            "idle_cpu_s_per_min": idle,
+        },
+    )
     return 0
 
 

@@ -59,9 +59,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         FAKE_POPRT_RUNTIME=json.dumps(runtime),
     )
     out = WORK / "out"
-    argv_run = [sys.executable, "-m", "sharderd.cli", "shard", str(model), "--devices",
-                str(args.devices), "--backend", "poprt", "--config", str(config), "--optimal-perf",
-                "--max-attempts", str(args.max_attempts), "--out", str(out), "--quiet"]
+    argv_run = [
+        sys.executable,
+        "-m",
+        "sharderd.cli",
+        "shard",
+        str(model),
+        "--devices",
+        str(args.devices),
+        "--backend",
+        "poprt",
+        "--config",
+        str(config),
+        "--optimal-perf",
+        "--max-attempts",
+        str(args.max_attempts),
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     proc = subprocess.run(argv_run, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         print(proc.stderr, file=sys.stderr)
@@ -74,13 +90,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a["outcome"] != "ok" or not bench:
             continue
         chosen = "kept" if a["plan_digest"] == report["plan"]["digest"] else ""
-        rows.append([a["index"], a["label"], f"{a['predicted_bottleneck_s'] * 1e6:.1f} µs",
-                     f"{bench['latency_s'] * 1e3:.2f} ms", f"{batch / bench['latency_s']:.0f}/s",
-                     f"{bench['throughput_per_s']:.0f}/s", bench["in_flight"], chosen])
+        rows.append(
+            [
+                a["index"],
+                a["label"],
+                f"{a['predicted_bottleneck_s'] * 1e6:.1f} µs",
+                f"{bench['latency_s'] * 1e3:.2f} ms",
+                f"{batch / bench['latency_s']:.0f}/s",
+                f"{bench['throughput_per_s']:.0f}/s",
+                bench["in_flight"],
+                chosen,
+            ]
+        )
     print(machine_markdown(machine()))
     print()
-    print(markdown_table(["attempt", "label", "predicted slowest stage", "latency (one batch)",
-                          "batch / latency", "throughput (queued)", "in flight", ""], rows))
+    print(
+        markdown_table(
+            [
+                "attempt",
+                "label",
+                "predicted slowest stage",
+                "latency (one batch)",
+                "batch / latency",
+                "throughput (queued)",
+                "in flight",
+                "",
+            ],
+            rows,
+        )
+    )
     return 0
 
 

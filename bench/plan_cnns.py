@@ -50,11 +50,24 @@ class _Net:
         self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
         return out
 
-    def conv(self, x: str, cin: int, cout: int, k: tuple[int, int], stride: int = 1,
-             pad: tuple[int, int] = (0, 0), relu: bool = True) -> str:
+    def conv(
+        self,
+        x: str,
+        cin: int,
+        cout: int,
+        k: tuple[int, int],
+        stride: int = 1,
+        pad: tuple[int, int] = (0, 0),
+        relu: bool = True,
+    ) -> str:
         w, b = self._param((cout, cin, *k)), self._param((cout,))
-        y = self.op("Conv", [x, w, b], kernel_shape=list(k), strides=[stride, stride],
-                    pads=[pad[0], pad[1], pad[0], pad[1]])
+        y = self.op(
+            "Conv",
+            [x, w, b],
+            kernel_shape=list(k),
+            strides=[stride, stride],
+            pads=[pad[0], pad[1], pad[0], pad[1]],
+        )
         return self.op("Relu", [y]) if relu else y
 
     def bn_relu(self, x: str, c: int) -> str:
@@ -75,9 +88,11 @@ class _Net:
 
     def model(self, name: str, hw: int, out: str) -> onnx.ModelProto:
         graph = helper.make_graph(
-            self.nodes, name,
+            self.nodes,
+            name,
             [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, hw, hw])],
-            [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, 1000])], self.inits,
+            [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, 1000])],
+            self.inits,
         )
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
@@ -92,7 +107,11 @@ def densenet121() -> onnx.ModelProto:
             joined = feats[0] if len(feats) == 1 else n.concat(feats)
             cin = c + growth * (len(feats) - 1)
             mid = n.conv(n.bn_relu(joined, cin), cin, 4 * growth, (1, 1), relu=False)
-            feats.append(n.conv(n.bn_relu(mid, 4 * growth), 4 * growth, growth, (3, 3), 1, (1, 1), relu=False))
+            feats.append(
+                n.conv(
+                    n.bn_relu(mid, 4 * growth), 4 * growth, growth, (3, 3), 1, (1, 1), relu=False
+                )
+            )
         x, c = n.concat(feats), c + growth * layers
         if i < 3:  # transition: halve channels and size
             x = n.pool("AveragePool", n.conv(n.bn_relu(x, c), c, c // 2, (1, 1), relu=False), 2, 2)
@@ -110,7 +129,9 @@ def inception_v3() -> onnx.ModelProto:
     for pool_features in (32, 64, 64):  # InceptionA: Mixed_5b..5d
         b1 = n.conv(x, c, 64, (1, 1))
         b5 = n.conv(n.conv(x, c, 48, (1, 1)), 48, 64, (5, 5), 1, (2, 2))
-        b3 = n.conv(n.conv(n.conv(x, c, 64, (1, 1)), 64, 96, (3, 3), 1, (1, 1)), 96, 96, (3, 3), 1, (1, 1))
+        b3 = n.conv(
+            n.conv(n.conv(x, c, 64, (1, 1)), 64, 96, (3, 3), 1, (1, 1)), 96, 96, (3, 3), 1, (1, 1)
+        )
         bp = n.conv(n.pool("AveragePool", x, 3, 1, 1), c, pool_features, (1, 1))
         x, c = n.concat([b1, b5, b3, bp]), 224 + pool_features
     b3 = n.conv(x, c, 384, (3, 3), 2)  # InceptionB: Mixed_6a
@@ -118,21 +139,37 @@ def inception_v3() -> onnx.ModelProto:
     x, c = n.concat([b3, bd, n.pool("MaxPool", x, 3, 2)]), 384 + 96 + c
     for c7 in (128, 160, 160, 192):  # InceptionC: Mixed_6b..6e
         b1 = n.conv(x, c, 192, (1, 1))
-        b7 = n.conv(n.conv(n.conv(x, c, c7, (1, 1)), c7, c7, (1, 7), 1, (0, 3)), c7, 192, (7, 1), 1, (3, 0))
+        b7 = n.conv(
+            n.conv(n.conv(x, c, c7, (1, 1)), c7, c7, (1, 7), 1, (0, 3)), c7, 192, (7, 1), 1, (3, 0)
+        )
         bd = n.conv(x, c, c7, (1, 1))
-        for k, pad, cout in (((7, 1), (3, 0), c7), ((1, 7), (0, 3), c7), ((7, 1), (3, 0), c7), ((1, 7), (0, 3), 192)):
+        for k, pad, cout in (
+            ((7, 1), (3, 0), c7),
+            ((1, 7), (0, 3), c7),
+            ((7, 1), (3, 0), c7),
+            ((1, 7), (0, 3), 192),
+        ):
             bd = n.conv(bd, c7, cout, k, 1, pad)
         bp = n.conv(n.pool("AveragePool", x, 3, 1, 1), c, 192, (1, 1))
         x, c = n.concat([b1, b7, bd, bp]), 768
     b3 = n.conv(n.conv(x, c, 192, (1, 1)), 192, 320, (3, 3), 2)  # InceptionD: Mixed_7a
-    b7 = n.conv(n.conv(n.conv(x, c, 192, (1, 1)), 192, 192, (1, 7), 1, (0, 3)), 192, 192, (7, 1), 1, (3, 0))
-    x, c = n.concat([b3, n.conv(b7, 192, 192, (3, 3), 2), n.pool("MaxPool", x, 3, 2)]), 320 + 192 + c
+    b7 = n.conv(
+        n.conv(n.conv(x, c, 192, (1, 1)), 192, 192, (1, 7), 1, (0, 3)), 192, 192, (7, 1), 1, (3, 0)
+    )
+    x, c = (
+        n.concat([b3, n.conv(b7, 192, 192, (3, 3), 2), n.pool("MaxPool", x, 3, 2)]),
+        320 + 192 + c,
+    )
     for _ in range(2):  # InceptionE: Mixed_7b, 7c
         b1 = n.conv(x, c, 320, (1, 1))
         s = n.conv(x, c, 384, (1, 1))
-        b3 = n.concat([n.conv(s, 384, 384, (1, 3), 1, (0, 1)), n.conv(s, 384, 384, (3, 1), 1, (1, 0))])
+        b3 = n.concat(
+            [n.conv(s, 384, 384, (1, 3), 1, (0, 1)), n.conv(s, 384, 384, (3, 1), 1, (1, 0))]
+        )
         d = n.conv(n.conv(x, c, 448, (1, 1)), 448, 384, (3, 3), 1, (1, 1))
-        bd = n.concat([n.conv(d, 384, 384, (1, 3), 1, (0, 1)), n.conv(d, 384, 384, (3, 1), 1, (1, 0))])
+        bd = n.concat(
+            [n.conv(d, 384, 384, (1, 3), 1, (0, 1)), n.conv(d, 384, 384, (3, 1), 1, (1, 0))]
+        )
         bp = n.conv(n.pool("AveragePool", x, 3, 1, 1), c, 192, (1, 1))
         x, c = n.concat([b1, b3, bd, bp]), 2048
     return n.model("inception_v3", 299, n.head(x, c))
@@ -154,10 +191,14 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['model']} | {r['nodes']} | {r['devices']} | {r['plan_s']:.3f} | {r['error']} | | | |")
+            print(
+                f"| {r['model']} | {r['nodes']} | {r['devices']} | {r['plan_s']:.3f} | {r['error']} | | | |"
+            )
             continue
-        print(f"| {r['model']} | {r['nodes']} | {r['devices']} | {r['plan_s']:.3f} | {r['method']} "
-              f"| {r['order']} | {r['bottleneck_us']:.2f} | {r['bound_us']:.2f} |")
+        print(
+            f"| {r['model']} | {r['nodes']} | {r['devices']} | {r['plan_s']:.3f} | {r['method']} "
+            f"| {r['order']} | {r['bottleneck_us']:.2f} | {r['bound_us']:.2f} |"
+        )
     (OUT / "plan_cnns.json").write_text(json.dumps(rows, indent=1))
 
 

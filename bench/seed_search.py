@@ -380,7 +380,9 @@ def moves(split: Split, device: int, blocks: Sequence[Block]) -> list[Split]:
     if device < len(split) - 1:
         for b in split[device].starts:
             block = blocks[b]
-            later = _lightest(split, range(device + 1, len(split)), lambda x, b=b: b in blocks[x].parents)
+            later = _lightest(
+                split, range(device + 1, len(split)), lambda x, b=b: b in blocks[x].parents
+            )
             if later is not None:
                 found.append(_move(split, device, later, block, blocks))
             side = _lightest(split, others, lambda x, b=b: b in blocks[x].parallel)
@@ -418,8 +420,14 @@ def sharding_info(split: Split, blocks: Sequence[Block]) -> dict[str, int]:
 
 
 def _compile(
-    model: onnx.ModelProto, split: Split, blocks: Sequence[Block], num_ipus: int, tiles: int,
-    workdir: Path, index: int, amp: float | None,
+    model: onnx.ModelProto,
+    split: Split,
+    blocks: Sequence[Block],
+    num_ipus: int,
+    tiles: int,
+    workdir: Path,
+    index: int,
+    amp: float | None,
 ) -> tuple[CompileResult, onnx.ModelProto]:
     from poprt import runtime
     from poprt.compiler import Compiler, CompilerOptions
@@ -481,7 +489,9 @@ def search(
     budget = max_compiles - len(AMP_FALLBACKS)
     while queue and len(compiles) < budget:
         current = queue.popleft()
-        result, sharded = _compile(model, current, blocks, num_ipus, tiles, workdir, len(compiles), None)
+        result, sharded = _compile(
+            model, current, blocks, num_ipus, tiles, workdir, len(compiles), None
+        )
         compiles.append(result)
         if result.ok:
             return SeedResult("compiled", tuple(compiles), current, _ipus(sharded), blocks)
@@ -498,7 +508,9 @@ def search(
     if best is None:
         return SeedResult("gave_up", tuple(compiles), None, {}, blocks)
     for amp in AMP_FALLBACKS:
-        result, sharded = _compile(model, best, blocks, num_ipus, tiles, workdir, len(compiles), amp)
+        result, sharded = _compile(
+            model, best, blocks, num_ipus, tiles, workdir, len(compiles), amp
+        )
         compiles.append(result)
         if result.ok:
             return SeedResult("compiled", tuple(compiles), best, _ipus(sharded), blocks)
@@ -542,7 +554,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = onnx.load(args.model)
     with tempfile.TemporaryDirectory(prefix="seed-search-") as tmp:
         result = search(
-            model, args.num_ipus, tiles=args.tiles, max_compiles=args.max_compiles, workdir=Path(tmp)
+            model,
+            args.num_ipus,
+            tiles=args.tiles,
+            max_compiles=args.max_compiles,
+            workdir=Path(tmp),
         )
     json.dump(result_json(result, time.perf_counter() - began), sys.stdout)
     sys.stdout.write("\n")

@@ -53,7 +53,8 @@ def make_plan(
     measured = None
     if measured_times:
         measured = np.array(
-            [measured_times.get(name, np.nan) for name in analysis.flow.node_names], dtype=np.float64
+            [measured_times.get(name, np.nan) for name in analysis.flow.node_names],
+            dtype=np.float64,
         )
     return plan_stages(
         analysis,
@@ -66,7 +67,9 @@ def make_plan(
     )
 
 
-def annotated_model(analysis: Analysis, plan: Plan) -> tuple[onnx.ModelProto, tuple[RoutedInput, ...]]:
+def annotated_model(
+    analysis: Analysis, plan: Plan
+) -> tuple[onnx.ModelProto, tuple[RoutedInput, ...]]:
     """A copy of the model carrying the plan, at the planned input shapes (unless ``keep_dynamic``);
     the analysed proto stays untouched for re-planning."""
     model = onnx.ModelProto()
@@ -81,7 +84,9 @@ def annotated_model(analysis: Analysis, plan: Plan) -> tuple[onnx.ModelProto, tu
 def _check(model: onnx.ModelProto) -> None:
     problems = check_annotation(model)
     if problems:  # a planner bug, never a user error: fail loudly with the evidence
-        raise SharderdError(f"internal error: the annotated model breaks PopART's rules: {problems[:3]}")
+        raise SharderdError(
+            f"internal error: the annotated model breaks PopART's rules: {problems[:3]}"
+        )
 
 
 def write_shard_files(

@@ -91,7 +91,9 @@ class DimsUnresolvedError(SharderdError):
     exit_code = EXIT_BAD_INPUT
     reason = "unresolved_dims"
 
-    def __init__(self, message: str, *, hint: str | None = None, dims: tuple[tuple[str, int, str], ...] = ()) -> None:
+    def __init__(
+        self, message: str, *, hint: str | None = None, dims: tuple[tuple[str, int, str], ...] = ()
+    ) -> None:
         super().__init__(message, hint=hint)
         self.dims = dims
 
@@ -163,7 +165,6 @@ class VerificationError(SharderdError):
     reason = "verification_failed"
 
 
-
 class WorkerDiedError(SharderdError):
     """The planning worker ended without answering. ``signal`` is what killed it, else None.
 
@@ -173,7 +174,12 @@ class WorkerDiedError(SharderdError):
     """
 
     def __init__(
-        self, message: str, *, hint: str | None = None, exit_status: int | None = None, signal: int | None = None
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        exit_status: int | None = None,
+        signal: int | None = None,
     ) -> None:
         super().__init__(message, hint=hint)
         self.exit_status = exit_status
@@ -228,6 +234,7 @@ class StorageError(SharderdError):
             hint="Free disk space or give the sharderd user access to that folder (inbox, outbox and "
             "state_dir must stay writable), then move the input back into the inbox.",
         )
+
 
 def sole_exception(exc: BaseException) -> BaseException:
     """The one exception inside nested single-member groups (anyio task groups always wrap)."""

@@ -34,27 +34,64 @@ __all__ = [
     "get_logger",
 ]
 
-EVENTS: Final[frozenset[str]] = frozenset({
-    "daemon.started", "daemon.ready", "daemon.stopping", "daemon.stopped", "daemon.error",
-    "watch.started", "watch.restarted", "watch.failed", "watch.renames_unavailable", "scan.finished",
-    "job.detected", "job.claimed", "job.resumed", "job.skipped",
-    "plan.started", "plan.finished",
-    "attempt.started", "attempt.finished", "attempt.timeout",
-    "attempt.submitted", "attempt.ran", "attempt.stderr", "attempt.artifact_mismatch", "attempt.force_cancelled",
-    "cluster.connected", "cluster.message",
-    "job.succeeded", "job.failed", "job.duplicate", "job.cancelled", "job.retried",
-    "outbox.written", "journal.recovered", "status.written", "metrics.written", "metrics.served",
-    "cancel.requested", "cancel.ignored",
-    "config.loaded", "backend.selected", "env.unset",
-    "notify.failed",
-})
+EVENTS: Final[frozenset[str]] = frozenset(
+    {
+        "daemon.started",
+        "daemon.ready",
+        "daemon.stopping",
+        "daemon.stopped",
+        "daemon.error",
+        "watch.started",
+        "watch.restarted",
+        "watch.failed",
+        "watch.renames_unavailable",
+        "scan.finished",
+        "job.detected",
+        "job.claimed",
+        "job.resumed",
+        "job.skipped",
+        "plan.started",
+        "plan.finished",
+        "attempt.started",
+        "attempt.finished",
+        "attempt.timeout",
+        "attempt.submitted",
+        "attempt.ran",
+        "attempt.stderr",
+        "attempt.artifact_mismatch",
+        "attempt.force_cancelled",
+        "cluster.connected",
+        "cluster.message",
+        "job.succeeded",
+        "job.failed",
+        "job.duplicate",
+        "job.cancelled",
+        "job.retried",
+        "outbox.written",
+        "journal.recovered",
+        "status.written",
+        "metrics.written",
+        "metrics.served",
+        "cancel.requested",
+        "cancel.ignored",
+        "config.loaded",
+        "backend.selected",
+        "env.unset",
+        "notify.failed",
+    }
+)
 """Every event name sharderd may log, ``noun.verb``; add a name here before logging it."""
 
 MAX_LINE_BYTES: Final = 16 * 1024
 """Longest rendered line, newline included; far below journald's 48 KiB ``LineMax``."""
 
-_LEVELS: Final = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-                  "error": logging.ERROR, "critical": logging.CRITICAL}
+_LEVELS: Final = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
 _HANDLER_NAME: Final = "sharderd"
 
 
@@ -72,12 +109,16 @@ class CheckEvent:
         self._events = events
         self._strict = strict
 
-    def __call__(self, _logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    def __call__(
+        self, _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
         name = event_dict.get("event")
         if name in self._events:
             return event_dict
         if self._strict:
-            raise UnregisteredEventError(f"log event {name!r} is not registered in sharderd.logs.EVENTS")
+            raise UnregisteredEventError(
+                f"log event {name!r} is not registered in sharderd.logs.EVENTS"
+            )
         event_dict["unregistered"] = True
         return event_dict
 
@@ -93,11 +134,18 @@ class Truncate:
 
     __slots__ = ("_keep", "_max")
 
-    def __init__(self, max_bytes: int = MAX_LINE_BYTES - 1, *, keep: frozenset[str] = frozenset({"ts", "level"})) -> None:
+    def __init__(
+        self,
+        max_bytes: int = MAX_LINE_BYTES - 1,
+        *,
+        keep: frozenset[str] = frozenset({"ts", "level"}),
+    ) -> None:
         self._max = max_bytes
         self._keep = keep
 
-    def __call__(self, _logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    def __call__(
+        self, _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
         if _size(event_dict) <= self._max:
             return event_dict
         event_dict["truncated"] = True
@@ -107,7 +155,9 @@ class Truncate:
                 return event_dict
             event_dict[key] = _cut(event_dict[key], _size(event_dict[key]) - excess)
         if _size(event_dict) > self._max:  # thousands of fields or huge key names
-            return {k: event_dict[k] for k in ("ts", "level", "event", "truncated") if k in event_dict}
+            return {
+                k: event_dict[k] for k in ("ts", "level", "event", "truncated") if k in event_dict
+            }
         return event_dict
 
 
@@ -132,11 +182,15 @@ def _cut(value: object, budget: int) -> str:
     return marker
 
 
-_dict_tracebacks: Final = ExceptionRenderer(ExceptionDictTransformer(show_locals=False, max_frames=20))
+_dict_tracebacks: Final = ExceptionRenderer(
+    ExceptionDictTransformer(show_locals=False, max_frames=20)
+)
 """Tracebacks as JSON data, without locals (they leak paths and tensors and blow the line size)."""
 
 
-def configure_logging(*, json: bool | None = None, level: str = "info", strict_events: bool = False) -> None:
+def configure_logging(
+    *, json: bool | None = None, level: str = "info", strict_events: bool = False
+) -> None:
     """Install the pipeline once at start-up; calling it again replaces the previous set-up.
 
     ``json=None`` picks JSON unless stdout is a terminal. The handler is bound to ``sys.stdout`` as
@@ -149,10 +203,15 @@ def configure_logging(*, json: bool | None = None, level: str = "info", strict_e
     if json is None:
         json = not sys.stdout.isatty()
     timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts")
-    shared: list[Processor] = [structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, timestamper]
+    shared: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        timestamper,
+    ]
     render: list[Processor] = (
         [_dict_tracebacks, Truncate(), structlog.processors.JSONRenderer()]
-        if json else [structlog.dev.ConsoleRenderer(timestamp_key="ts")]
+        if json
+        else [structlog.dev.ConsoleRenderer(timestamp_key="ts")]
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
@@ -166,10 +225,16 @@ def configure_logging(*, json: bool | None = None, level: str = "info", strict_e
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(levelno)
-    logging.getLogger("watchfiles.main").setLevel(logging.DEBUG if levelno <= logging.DEBUG else logging.WARNING)
+    logging.getLogger("watchfiles.main").setLevel(
+        logging.DEBUG if levelno <= logging.DEBUG else logging.WARNING
+    )
     logging.captureWarnings(True)
     structlog.configure(
-        processors=[*shared, CheckEvent(strict=strict_events), structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        processors=[
+            *shared,
+            CheckEvent(strict=strict_events),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.make_filtering_bound_logger(levelno),
         cache_logger_on_first_use=False,

@@ -103,7 +103,9 @@ def small_model(
     opset_map = {"": examples.OPSET} if opsets is None else opsets
     return helper.make_model(
         graph,
-        opset_imports=[helper.make_opsetid(domain, version) for domain, version in opset_map.items()],
+        opset_imports=[
+            helper.make_opsetid(domain, version) for domain, version in opset_map.items()
+        ],
         ir_version=examples.IR_VERSION,
     )
 
@@ -181,7 +183,10 @@ def cycle(folder: Path) -> Case:
         helper.make_node("Relu", ["a"], ["b"], name="relu_b"),
         helper.make_node("Relu", ["a"], ["y"], name="relu_y"),
     ]
-    return _bad(_save(folder, "cycle.onnx", small_model(nodes=nodes)), "the graph has a cycle through 3 node(s), e.g. ['add_a', 'relu_b'")
+    return _bad(
+        _save(folder, "cycle.onnx", small_model(nodes=nodes)),
+        "the graph has a cycle through 3 node(s), e.g. ['add_a', 'relu_b'",
+    )
 
 
 def dangling_input(folder: Path) -> Case:
@@ -209,13 +214,19 @@ def duplicate_names(folder: Path) -> Case:
 def duplicate_output(folder: Path) -> Case:
     model = small_model()
     model.graph.node[1].output[0] = "h0"
-    return _bad(_save(folder, "produced-twice.onnx", model), "tensor 'h0' is produced twice (by node 'relu0'")
+    return _bad(
+        _save(folder, "produced-twice.onnx", model),
+        "tensor 'h0' is produced twice (by node 'relu0'",
+    )
 
 
 def _opset(version: int) -> Builder:
     def build(folder: Path) -> Case:
         model = small_model(opsets={"": version})
-        return _bad(_save(folder, f"opset-{version}.onnx", model), f"unsupported default-domain opset {version}")
+        return _bad(
+            _save(folder, f"opset-{version}.onnx", model),
+            f"unsupported default-domain opset {version}",
+        )
 
     build.__name__ = f"opset_{version}"
     return build
@@ -223,25 +234,47 @@ def _opset(version: int) -> Builder:
 
 def no_default_opset(folder: Path) -> Case:
     model = small_model(opsets={"com.example": 1})
-    return _bad(_save(folder, "no-default-opset.onnx", model), "the model imports no default-domain opset")
+    return _bad(
+        _save(folder, "no-default-opset.onnx", model), "the model imports no default-domain opset"
+    )
 
 
 def ml_only(folder: Path) -> Case:
     """A classical-ML model (like onnxruntime's ``logreg_iris.onnx``): only ``ai.onnx.ml`` ops."""
-    node = helper.make_node("LinearClassifier", ["x"], ["label", "scores"], name="linear", domain="ai.onnx.ml",
-                            coefficients=[0.5] * (2 * HIDDEN), intercepts=[0.0, 0.1], classlabels_ints=[0, 1])
-    graph = helper.make_graph([node], "logreg", [_info("x", [1, HIDDEN])],
-                              [helper.make_tensor_value_info("label", TensorProto.INT64, [1]),
-                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)], ir_version=8)
-    return _bad(_save(folder, "logreg.onnx", model),
-                "imports only 'ai.onnx.ml' (ops: LinearClassifier). sharderd splits neural-network graphs")
+    node = helper.make_node(
+        "LinearClassifier",
+        ["x"],
+        ["label", "scores"],
+        name="linear",
+        domain="ai.onnx.ml",
+        coefficients=[0.5] * (2 * HIDDEN),
+        intercepts=[0.0, 0.1],
+        classlabels_ints=[0, 1],
+    )
+    graph = helper.make_graph(
+        [node],
+        "logreg",
+        [_info("x", [1, HIDDEN])],
+        [
+            helper.make_tensor_value_info("label", TensorProto.INT64, [1]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 2]),
+        ],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)], ir_version=8
+    )
+    return _bad(
+        _save(folder, "logreg.onnx", model),
+        "imports only 'ai.onnx.ml' (ops: LinearClassifier). sharderd splits neural-network graphs",
+    )
 
 
 def unknown_domain(folder: Path) -> Case:
     """A custom op from an unknown domain plans (default cost) with a warning in the report."""
     model = small_model(opsets={"": examples.OPSET, "com.example.custom": 3})
-    model.graph.node.insert(2, helper.make_node("Mystery", ["h1"], ["h2"], name="mystery", domain="com.example.custom"))
+    model.graph.node.insert(
+        2, helper.make_node("Mystery", ["h1"], ["h2"], name="mystery", domain="com.example.custom")
+    )
     model.graph.node[3].input[0] = "h2"
     path = _save(folder, "unknown-domain.onnx", model)
     return Case(path, EXIT_OK, "custom domain 'com.example.custom' (opset 3)")
@@ -259,18 +292,29 @@ def _input_dim(value: int) -> Builder:
 
 def absurd_input_dims(folder: Path) -> Case:
     """2**40 × 2**40 floats on an input: the byte count (2**82) overflows int64 and any device."""
-    nodes = [helper.make_node("Relu", ["x"], ["h0"], name="relu0"), helper.make_node("Relu", ["h0"], ["y"], name="relu1")]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h0"], name="relu0"),
+        helper.make_node("Relu", ["h0"], ["y"], name="relu1"),
+    ]
     model = small_model(
-        nodes=nodes, initializers=[], inputs=[_info("x", [2**40, 2**40])], outputs=[_info("y", [2**40, 2**40])]
+        nodes=nodes,
+        initializers=[],
+        inputs=[_info("x", [2**40, 2**40])],
+        outputs=[_info("y", [2**40, 2**40])],
     )
-    return _bad(_save(folder, "absurd-dims.onnx", model), "tensor 'x' declares 4835703278458516698824704 bytes")
+    return _bad(
+        _save(folder, "absurd-dims.onnx", model),
+        "tensor 'x' declares 4835703278458516698824704 bytes",
+    )
 
 
 def absurd_weight_dims(folder: Path) -> Case:
     """An initializer declaring 2**40 × 2**40 floats (no data): refused before any array is sized."""
     weight = TensorProto(name="W0", dims=[2**40, 2**40], data_type=TensorProto.FLOAT)
     model = small_model(initializers=[weight, _weight("W1", 1)])
-    return _bad(_save(folder, "absurd-weight.onnx", model), "weight 'W0' declares more than a petabyte")
+    return _bad(
+        _save(folder, "absurd-weight.onnx", model), "weight 'W0' declares more than a petabyte"
+    )
 
 
 def input_is_output(folder: Path) -> Case:
@@ -319,7 +363,9 @@ def external_short(folder: Path) -> Case:
     job = _job_folder(folder, "ext-short")
     (job / "weights.bin").write_bytes(b"\0" * (_W0_BYTES - 1))
     path = _external_model(job, "model.onnx", "weights.bin")
-    return _bad(path, f"external data of tensor 'W0' is short: 'weights.bin' has {_W0_BYTES - 1} bytes")
+    return _bad(
+        path, f"external data of tensor 'W0' is short: 'weights.bin' has {_W0_BYTES - 1} bytes"
+    )
 
 
 def external_negative_length(folder: Path) -> Case:
@@ -432,7 +478,11 @@ def fifo_model(folder: Path) -> Case:
 def constant_negative_dim(folder: Path) -> Case:
     """A Constant node's tensor with a negative dim: a negative byte count reaches the planner."""
     const = helper.make_node(
-        "Constant", [], ["c"], name="const", value=TensorProto(name="c", dims=[-1000000], data_type=TensorProto.FLOAT)
+        "Constant",
+        [],
+        ["c"],
+        name="const",
+        value=TensorProto(name="c", dims=[-1000000], data_type=TensorProto.FLOAT),
     )
     nodes = [
         const,
@@ -440,7 +490,9 @@ def constant_negative_dim(folder: Path) -> Case:
         helper.make_node("Add", ["h0", "c"], ["h1"], name="add_c"),
         helper.make_node("MatMul", ["h1", "W1"], ["y"], name="mm1"),
     ]
-    return _bad(_save(folder, "constant-negative-dim.onnx", small_model(nodes=nodes)), "negative dim")
+    return _bad(
+        _save(folder, "constant-negative-dim.onnx", small_model(nodes=nodes)), "negative dim"
+    )
 
 
 def loop_body() -> onnx.GraphProto:
@@ -456,7 +508,10 @@ def loop_body() -> onnx.GraphProto:
             helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
             _info("carry", [1, HIDDEN]),
         ],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), _info("carry_out", [1, HIDDEN])],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            _info("carry_out", [1, HIDDEN]),
+        ],
     )
 
 
@@ -478,7 +533,9 @@ def huge_1d_input(folder: Path) -> Case:
         helper.make_node("Add", ["x", "x"], ["h0"], name="add_x"),
         helper.make_node("Relu", ["h0"], ["y"], name="relu_y"),
     ]
-    model = small_model(nodes=nodes, initializers=[], inputs=[_info("x", [2**25])], outputs=[_info("y", [2**25])])
+    model = small_model(
+        nodes=nodes, initializers=[], inputs=[_info("x", [2**25])], outputs=[_info("y", [2**25])]
+    )
     return Case(_save(folder, "huge-1d-input.onnx", model), EXIT_OK, "## Plan: 2 stage(s)")
 
 
@@ -550,7 +607,9 @@ MODEL_CASES: dict[str, CliCase] = {
     "devices-0": CliCase(devices_zero, args=("--devices", "0")),
     "devices-100000": CliCase(devices_huge, args=("--devices", "100000")),
     "batch-size-0": CliCase(batch_size_zero, args=("--devices", "2", "--batch-size", "0")),
-    "config-invalid-toml": CliCase(bad_config, args=("--devices", "2", "--config", "bad-config.toml")),
+    "config-invalid-toml": CliCase(
+        bad_config, args=("--devices", "2", "--config", "bad-config.toml")
+    ),
     "valid": CliCase(valid_model, shard=True),
     "fifo-model": CliCase(fifo_model),
     "constant-negative-dim": CliCase(
@@ -566,7 +625,9 @@ MODEL_CASES: dict[str, CliCase] = {
         invalid_utf8_graph_name,
     ),
     "config-deep-nesting": CliCase(
-        _bad_config_file("config-deep-nesting", "x = " + "[" * 2000 + "]" * 2000 + "\n", ": invalid TOML"),
+        _bad_config_file(
+            "config-deep-nesting", "x = " + "[" * 2000 + "]" * 2000 + "\n", ": invalid TOML"
+        ),
         args=_config_args("config-deep-nesting"),
     ),
     "config-target-base-list": CliCase(
@@ -574,7 +635,9 @@ MODEL_CASES: dict[str, CliCase] = {
         args=_config_args("config-target-base-list"),
     ),
     "config-target-tiles-string": CliCase(
-        _bad_config_file("config-target-tiles-string", '[targets.t]\ntiles = "x"\nbytes_per_tile = 1\n', "tiles"),
+        _bad_config_file(
+            "config-target-tiles-string", '[targets.t]\ntiles = "x"\nbytes_per_tile = 1\n', "tiles"
+        ),
         args=_config_args("config-target-tiles-string"),
     ),
 }
@@ -600,10 +663,18 @@ def _sidecar(name: str, text: str | bytes, fragment: str) -> Builder:
 SIDECAR_CASES: dict[str, Builder] = {
     "invalid-toml": _sidecar("invalid-toml", "devices = = 2\n", ": invalid TOML"),
     "unknown-key": _sidecar("unknown-key", "devices = 2\ngpus = 4\n", ": unknown key 'gpus'"),
-    "devices-0": _sidecar("devices-0", "devices = 0\n", ": devices must be between 1 and 1024, got 0"),
-    "devices-10000": _sidecar("devices-10000", "devices = 10000\n", ": devices must be between 1 and 1024, got 10000"),
-    "devices-string": _sidecar("devices-string", 'devices = "two"\n', " devices: expected an integer, got 'two'"),
+    "devices-0": _sidecar(
+        "devices-0", "devices = 0\n", ": devices must be between 1 and 1024, got 0"
+    ),
+    "devices-10000": _sidecar(
+        "devices-10000", "devices = 10000\n", ": devices must be between 1 and 1024, got 10000"
+    ),
+    "devices-string": _sidecar(
+        "devices-string", 'devices = "two"\n', " devices: expected an integer, got 'two'"
+    ),
     "not-utf8": _sidecar("not-utf8", b"devices = 2\n\xff\xfe\n", ": not UTF-8 text"),
-    "table-not-value": _sidecar("table", "[devices]\nn = 2\n", " devices: expected an integer, got {'n': 2}"),
+    "table-not-value": _sidecar(
+        "table", "[devices]\nn = 2\n", " devices: expected an integer, got {'n': 2}"
+    ),
 }
 """Every sidecar case, run through ``sharderd.daemon.sidecar.load_sidecar``."""

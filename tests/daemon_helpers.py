@@ -84,7 +84,8 @@ def planworker_hook(root: Path, code: str) -> dict[str, str]:
     hooks.mkdir(exist_ok=True)
     body = "".join(f"    {line}\n" for line in code.splitlines())
     (hooks / "sitecustomize.py").write_text(
-        f"import os, signal, sys, time\nif 'sharderd.job.planworker' in sys.orig_argv:\n{body}")
+        f"import os, signal, sys, time\nif 'sharderd.job.planworker' in sys.orig_argv:\n{body}"
+    )
     return {"PYTHONPATH": os.pathsep.join([str(hooks), str(REPO)])}
 
 
@@ -126,14 +127,22 @@ def cpu_seconds(pid: int) -> float:
 class DaemonProcess:
     """One ``python -m sharderd.cli run --config CFG`` child and everything it logged."""
 
-    def __init__(self, config: Path, *, env: Mapping[str, str] | None = None, fake_poprt: bool = False) -> None:
+    def __init__(
+        self, config: Path, *, env: Mapping[str, str] | None = None, fake_poprt: bool = False
+    ) -> None:
         self.config = config
         self.token = secrets.token_hex(8)
         paths = [str(FAKE_POPRT)] if fake_poprt else []
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_POPRT_", "NOTIFY_", "WATCHDOG_"))}
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("FAKE_POPRT_", "NOTIFY_", "WATCHDOG_"))
+        }
         self.env = {
             **base,
-            "PYTHONPATH": os.pathsep.join([*paths, str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "PYTHONPATH": os.pathsep.join(
+                [*paths, str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
             MARKER_VAR: self.token,
             **(env or {}),
         }
@@ -142,7 +151,10 @@ class DaemonProcess:
         self._buffers = {"out": b"", "err": b""}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sharderd.cli", "run", "--config", str(config)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
         )
         assert self.proc.stdout is not None and self.proc.stderr is not None
         self._fds = {self.proc.stdout.fileno(): "out", self.proc.stderr.fileno(): "err"}
@@ -192,11 +204,21 @@ class DaemonProcess:
             self.lines.append(line)
 
     def events(self, event: str, **fields: Any) -> list[dict[str, Any]]:
-        return [ln for ln in self.lines if ln.get("event") == event and all(ln.get(k) == v for k, v in fields.items())]
+        return [
+            ln
+            for ln in self.lines
+            if ln.get("event") == event and all(ln.get(k) == v for k, v in fields.items())
+        ]
 
-    def wait_for(self, event: str, *, count: int = 1, timeout: float = 30.0, **fields: Any) -> list[dict[str, Any]]:
+    def wait_for(
+        self, event: str, *, count: int = 1, timeout: float = 30.0, **fields: Any
+    ) -> list[dict[str, Any]]:
         """Read until ``count`` lines of ``event`` (with these field values) were logged in all."""
-        self.wait_until(lambda: len(self.events(event, **fields)) >= count, timeout, f"{count} × {event} {fields or ''}")
+        self.wait_until(
+            lambda: len(self.events(event, **fields)) >= count,
+            timeout,
+            f"{count} × {event} {fields or ''}",
+        )
         return self.events(event, **fields)
 
     def wait_until(self, done: Callable[[], bool], timeout: float, what: str) -> bool:
@@ -204,9 +226,13 @@ class DaemonProcess:
         while not done():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"timed out after {timeout:g} s waiting for {what}\n{self.tail()}")
+                raise AssertionError(
+                    f"timed out after {timeout:g} s waiting for {what}\n{self.tail()}"
+                )
             if not self._fds:
-                raise AssertionError(f"the daemon exited ({self.proc.poll()}) while waiting for {what}\n{self.tail()}")
+                raise AssertionError(
+                    f"the daemon exited ({self.proc.poll()}) while waiting for {what}\n{self.tail()}"
+                )
             self.pump(min(left, 0.5))
         return True
 
@@ -273,9 +299,17 @@ def running(config: Path, **kwargs: Any) -> Iterator[DaemonProcess]:
 
 def results(outbox: Path) -> list[Path]:
     """Published results (the outbox's visible folders but duplicates' pointers)."""
-    return sorted(p for p in outbox.iterdir() if not p.name.startswith(".") and not (p / "duplicate.json").exists())
+    return sorted(
+        p
+        for p in outbox.iterdir()
+        if not p.name.startswith(".") and not (p / "duplicate.json").exists()
+    )
 
 
 def pointers(outbox: Path) -> list[Path]:
     """The outbox folders of duplicate jobs: ``duplicate.json`` and reports naming the first result."""
-    return sorted(p for p in outbox.iterdir() if not p.name.startswith(".") and (p / "duplicate.json").exists())
+    return sorted(
+        p
+        for p in outbox.iterdir()
+        if not p.name.startswith(".") and (p / "duplicate.json").exists()
+    )

@@ -247,7 +247,9 @@ def test_input_read_inside_an_if_body_is_routed(
     assert stage_of["if"] > stage_of["mm0"]
     route = next(n for n in graph.node if n.name.startswith(ROUTE_PREFIX))
     # on the first stage that reads x directly (the planner may put the ReduceSum before mm0)
-    assert list(route.input) == ["x"] and stage_of[route.name] == min(stage_of["mm0"], stage_of["sum"])
+    assert list(route.input) == ["x"] and stage_of[route.name] == min(
+        stage_of["mm0"], stage_of["sum"]
+    )
     inner_reads = {x for inner in _body_nodes(if_node) for x in inner.input}
     assert route.output[0] in inner_reads and "x" not in inner_reads
     for x in (np.full((2, 8), 0.5, np.float32), np.full((2, 8), -0.5, np.float32)):  # both branches
@@ -308,8 +310,12 @@ def test_only_annotations_and_routes_are_added(
 
     assert ser(sharded.graph.initializer) == ser(original.graph.initializer)
     # inputs and outputs are the same but for symbolic dims, now the planned static sizes
-    assert ser(map(_static_copy, sharded.graph.input, original.graph.input)) == ser(sharded.graph.input)
-    assert ser(map(_static_copy, sharded.graph.output, original.graph.output)) == ser(sharded.graph.output)
+    assert ser(map(_static_copy, sharded.graph.input, original.graph.input)) == ser(
+        sharded.graph.input
+    )
+    assert ser(map(_static_copy, sharded.graph.output, original.graph.output)) == ser(
+        sharded.graph.output
+    )
     assert ser(sharded.opset_import) == ser(original.opset_import)
     assert sharded.ir_version == original.ir_version
     # external references are kept as they were, and the data file is copied beside the model
@@ -318,7 +324,9 @@ def test_only_annotations_and_routes_are_added(
     assert (result.out / data.name).read_bytes() == data.read_bytes()
 
 
-def _static_copy(written: onnx.ValueInfoProto, original: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+def _static_copy(
+    written: onnx.ValueInfoProto, original: onnx.ValueInfoProto
+) -> onnx.ValueInfoProto:
     """``original`` with each symbolic dim set to the size ``written`` has there (fixed dims must agree)."""
     copy = onnx.ValueInfoProto()
     copy.CopyFrom(original)

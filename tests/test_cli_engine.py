@@ -333,7 +333,13 @@ def test_shard_writes_exactly_four_files_into_the_default_folder(
     assert proc.returncode == 0, proc.stderr
     assert sorted(_listing(work)) == sorted(
         f"multi_io.sharded/{name}"
-        for name in ("multi_io.sharded.onnx", "multi_io.sharding.yaml", "report.html", "report.json", "report.md")
+        for name in (
+            "multi_io.sharded.onnx",
+            "multi_io.sharding.yaml",
+            "report.html",
+            "report.json",
+            "report.md",
+        )
     )
     assert _listing(path.parent) == models_before
     model = onnx.load(
@@ -368,7 +374,19 @@ def test_external_data_is_copied_and_the_sharded_model_runs(
     at the batch it was planned for (the sharded model's shapes are static)."""
     path = model_path("transformer", external_data=True)
     out = tmp_path / "out"
-    args = ["shard", str(path), "-n", "3", "-b", "none", "--batch-size", "2", "--out", str(out), "--json"]
+    args = [
+        "shard",
+        str(path),
+        "-n",
+        "3",
+        "-b",
+        "none",
+        "--batch-size",
+        "2",
+        "--out",
+        str(out),
+        "--json",
+    ]
     assert cli_main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert sorted(_listing(out)) == sorted(

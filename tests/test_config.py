@@ -28,7 +28,10 @@ def write(tmp_path: Path, text: str) -> Path:
         ('[targets.x]\nbase = "ipu-mk2"\nfoo = 1\n', ":3: [targets.x]: unknown key 'foo'"),
         ('[search]\nbackend = "gpu"\n', ":2: [search] backend: 'gpu' is not one of"),
         ('[target]\nname = "nowhere"\n', "unknown target 'nowhere'"),
-        ("[poprt]\nnum_io_tiles = 3\n", ":2: [poprt]: num_io_tiles must be 0 or an even number >= 32"),
+        (
+            "[poprt]\nnum_io_tiles = 3\n",
+            ":2: [poprt]: num_io_tiles must be 0 or an even number >= 32",
+        ),
     ],
 )
 def test_errors_name_file_line_and_key(tmp_path: Path, text: str, expected: str) -> None:
@@ -42,7 +45,10 @@ def test_errors_name_file_line_and_key(tmp_path: Path, text: str, expected: str)
 
 def test_config_is_frozen_and_custom_targets_resolve(tmp_path: Path) -> None:
     """A custom target starts from its base; the config object cannot be mutated."""
-    path = write(tmp_path, '[target]\nname = "half"\n[targets.half]\nbase = "ipu-mk2"\nmemory_bytes = 470000000\n')
+    path = write(
+        tmp_path,
+        '[target]\nname = "half"\n[targets.half]\nbase = "ipu-mk2"\nmemory_bytes = 470000000\n',
+    )
     config = load_config(path)
     assert config.target().memory_bytes == 470_000_000
     assert config.target().tiles == 1472
@@ -50,7 +56,9 @@ def test_config_is_frozen_and_custom_targets_resolve(tmp_path: Path) -> None:
         config.plan = None  # type: ignore[misc]
 
 
-def test_check_config_prints_the_effective_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_config_prints_the_effective_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """check-config prints every section; its output loads back to the same config."""
     path = write(tmp_path, "[plan]\nbatch_size = 4\n[daemon]\nfile_mode = 0o600\n")
     assert main(["check-config", str(path)]) == 0

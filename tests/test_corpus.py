@@ -130,23 +130,47 @@ def _jobs(root: Path) -> Iterator[_Job]:
         case = cli.build(folder)
         yield _Job(name, case, ("plan", str(case.path), *cli.args), folder)
         if cli.shard:
-            shard = ("shard", str(case.path), *cli.args, "--backend", "none", "--out", str(folder / "out"))
+            shard = (
+                "shard",
+                str(case.path),
+                *cli.args,
+                "--backend",
+                "none",
+                "--out",
+                str(folder / "out"),
+            )
             yield _Job(f"{name}/shard", case, shard, folder)
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
 
 
 def run_forked(jobs: list[_Job], logs: Path) -> dict[str, Run]:
     """Run every job's CLI through the fork server, ``PARALLEL`` at a time."""
-    files = {job.key: {kind: str(logs / f"{job.key.replace('/', '.')}.{kind}") for kind in ("stdout", "stderr", "io")}
-             for job in jobs}
+    files = {
+        job.key: {
+            kind: str(logs / f"{job.key.replace('/', '.')}.{kind}")
+            for kind in ("stdout", "stderr", "io")
+        }
+        for job in jobs
+    }
     requests = "".join(
-        json.dumps({"key": job.key, "argv": job.argv, "cwd": str(job.cwd), **files[job.key]}) + "\n" for job in jobs
+        json.dumps({"key": job.key, "argv": job.argv, "cwd": str(job.cwd), **files[job.key]}) + "\n"
+        for job in jobs
     )
-    server = subprocess.run([sys.executable, "-c", _FORK_SERVER, str(PARALLEL), str(ADDRESS_SPACE_LIMIT)], input=requests, env=_env(),
-                            capture_output=True, text=True, timeout=300, check=False)
+    server = subprocess.run(
+        [sys.executable, "-c", _FORK_SERVER, str(PARALLEL), str(ADDRESS_SPACE_LIMIT)],
+        input=requests,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert server.returncode == 0, server.stderr
     results = [json.loads(line) for line in server.stdout.splitlines()]
     by_key = {job.key: job for job in jobs}
@@ -194,7 +218,9 @@ def _error_block(stderr: str) -> str:
 
 
 @pytest.mark.parametrize("key", _cli_params())
-def test_cli_answers_each_case_with_its_code_and_a_clear_message(runs: dict[str, Run], key: str) -> None:
+def test_cli_answers_each_case_with_its_code_and_a_clear_message(
+    runs: dict[str, Run], key: str
+) -> None:
     """Exit code as expected; errors are one line naming the culprit (plus a hint), never a traceback."""
     run = runs[key]
     assert "Traceback" not in run.stderr, run.stderr[-2000:]
@@ -217,7 +243,9 @@ def test_sparse_10gb_model_plans_without_reading_its_weights(runs: dict[str, Run
     run = runs["sparse-10gb"]
     data = run.case.path.with_name("big.data")
     st = data.stat()
-    assert st.st_size >= SPARSE_BYTES and st.st_blocks * 512 < 1024**2  # really sparse: nothing to read
+    assert (
+        st.st_size >= SPARSE_BYTES and st.st_blocks * 512 < 1024**2
+    )  # really sparse: nothing to read
     assert run.returncode == EXIT_OK, run.stderr[-2000:]
     assert "weights 10.01 GiB (10.01 GiB external)" in run.stdout
     assert run.read_bytes < MAX_SPARSE_READ_BYTES
@@ -232,7 +260,9 @@ def test_file_names_with_newlines_and_unicode_are_written_by_shard(runs: dict[st
         assert run.returncode == EXIT_OK, run.stderr[-2000:]
         stem = run.case.path.name.removesuffix(".onnx")
         out = run.case.path.parent / "out"
-        assert (out / f"{stem}.sharded.onnx").is_file() and (out / f"{stem}.sharding.yaml").is_file()
+        assert (out / f"{stem}.sharded.onnx").is_file() and (
+            out / f"{stem}.sharding.yaml"
+        ).is_file()
 
 
 @pytest.mark.parametrize("name", list(SIDECAR_CASES))
@@ -269,14 +299,24 @@ def test_daemon_refuses_a_hard_linked_job_file(tmp_path: Path) -> None:
     assert candidate.problem is not None and "hard link" in candidate.problem
 
 
-@pytest.mark.parametrize("key", ["valid", "unicode-name/shard", "dangling-input", "devices-100000", "external-symlink-out"])
+@pytest.mark.parametrize(
+    "key",
+    ["valid", "unicode-name/shard", "dangling-input", "devices-100000", "external-symlink-out"],
+)
 def test_fork_server_matches_python_m(jobs: list[_Job], runs: dict[str, Run], key: str) -> None:
     """``python -m sharderd.cli`` gives the same exit code, stdout and stderr as the fork server."""
     job = next(j for j in jobs if j.key == key)
     out = job.cwd / "out"
     if out.exists():
         shutil.rmtree(out)  # shard writes it again
-    proc = subprocess.run([sys.executable, "-m", "sharderd.cli", *job.argv], cwd=job.cwd, env=_env(),
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sharderd.cli", *job.argv],
+        cwd=job.cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     run = runs[key]
     assert (proc.returncode, proc.stdout, proc.stderr) == (run.returncode, run.stdout, run.stderr)

@@ -53,10 +53,16 @@ from sharderd.daemon.intake import inspect_entry
 from sharderd.daemon.sidecar import load_sidecar
 from sharderd.errors import ConfigError
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the daemon reads /proc and uses inotify")
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux", reason="the daemon reads /proc and uses inotify"
+)
 
-run_soak = pytest.mark.skipif(not os.environ.get("SHARDERD_SOAK"), reason="full size; set SHARDERD_SOAK=1 to run")
-run_slow = pytest.mark.skipif(not os.environ.get("SHARDERD_SLOW"), reason="slow; set SHARDERD_SLOW=1 to run")
+run_soak = pytest.mark.skipif(
+    not os.environ.get("SHARDERD_SOAK"), reason="full size; set SHARDERD_SOAK=1 to run"
+)
+run_slow = pytest.mark.skipif(
+    not os.environ.get("SHARDERD_SLOW"), reason="slow; set SHARDERD_SLOW=1 to run"
+)
 
 INOTIFY_QUEUE = Path("/proc/sys/fs/inotify/max_queued_events")
 LOWERED_QUEUE = 16
@@ -81,8 +87,11 @@ def journal_records(root: Path) -> list[dict[str, Any]]:
 
 def temp_leftovers(root: Path) -> list[Path]:
     """Names only an interrupted write leaves: ``*.tmp``, ``.tmp-*`` (outbox), ``.work`` (attempts)."""
-    return sorted(p for p in root.rglob("*")
-                  if p.name.endswith(".tmp") or p.name.startswith(".tmp-") or p.name == ".work")
+    return sorted(
+        p
+        for p in root.rglob("*")
+        if p.name.endswith(".tmp") or p.name.startswith(".tmp-") or p.name == ".work"
+    )
 
 
 def result_files(folder: Path) -> dict[str, bytes]:
@@ -96,7 +105,9 @@ def result_files(folder: Path) -> dict[str, bytes]:
     return files
 
 
-def check_exactly_once(root: Path, sources: Mapping[str, str], *, allow_failed: Mapping[str, str] = {}) -> dict[str, dict[str, Any]]:
+def check_exactly_once(
+    root: Path, sources: Mapping[str, str], *, allow_failed: Mapping[str, str] = {}
+) -> dict[str, dict[str, Any]]:
     """Assert the end state described in the module docstring; returns the journal record per job name.
 
     ``sources`` maps each job name to the sha256 of its input model; ``allow_failed`` names jobs
@@ -105,18 +116,26 @@ def check_exactly_once(root: Path, sources: Mapping[str, str], *, allow_failed: 
     state = root / "state"
     records = journal_records(root)
     names, expected = Counter(r["name"] for r in records), Counter(list(sources))
-    assert names == expected, f"journal names differ from the jobs: extra {names - expected}, missing {expected - names}"
+    assert names == expected, (
+        f"journal names differ from the jobs: extra {names - expected}, missing {expected - names}"
+    )
     by_name = {r["name"]: r for r in records}
-    assert all(r["state"] in ("succeeded", "duplicate", "failed") for r in records), [r for r in records if r["state"] not in ("succeeded", "duplicate", "failed")]
+    assert all(r["state"] in ("succeeded", "duplicate", "failed") for r in records), [
+        r for r in records if r["state"] not in ("succeeded", "duplicate", "failed")
+    ]
     owners = {}
     for r in records:
         if r["state"] == "succeeded":
             result = Path(r["result"])
             assert result.parent == root / "outbox", r
             assert (result / ".sharderd-job").read_text().strip() == r["job_id"], r
-            assert result not in owners, f"{result} published by {owners.get(result)} and {r['job_id']}"
+            assert result not in owners, (
+                f"{result} published by {owners.get(result)} and {r['job_id']}"
+            )
             owners[result] = r["job_id"]
-    assert set(results(root / "outbox")) == set(owners), "outbox folders without a succeeded job (or missing)"
+    assert set(results(root / "outbox")) == set(owners), (
+        "outbox folders without a succeeded job (or missing)"
+    )
     succeeded = {r["result"]: r for r in records if r["state"] == "succeeded"}
     duplicates = {}
     for r in records:
@@ -124,23 +143,38 @@ def check_exactly_once(root: Path, sources: Mapping[str, str], *, allow_failed: 
             original = succeeded.get(r["result"])
             assert original is not None and original["sha256"] == r["sha256"], r
             duplicates[r["job_id"]] = r["result"]
-    pointed = {(p / ".sharderd-job").read_text().strip(): json.loads((p / "duplicate.json").read_text())["duplicate_of"]["result"]
-               for p in pointers(root / "outbox")}
-    assert pointed == duplicates, "each duplicate has exactly one outbox pointer, at its first result"
+    pointed = {
+        (p / ".sharderd-job").read_text().strip(): json.loads((p / "duplicate.json").read_text())[
+            "duplicate_of"
+        ]["result"]
+        for p in pointers(root / "outbox")
+    }
+    assert pointed == duplicates, (
+        "each duplicate has exactly one outbox pointer, at its first result"
+    )
     failed = {r["name"]: r for r in records if r["state"] == "failed"}
     assert set(failed) == set(allow_failed), {n: r["error"] for n, r in failed.items()}
     for name, fragment in allow_failed.items():
         assert fragment in failed[name]["error"]["message"], failed[name]["error"]
         assert Path(failed[name]["result"]) == state / "failed" / name
     assert sorted(p.name for p in (state / "failed").iterdir()) == sorted(allow_failed)
-    assert sorted(p.name for p in (state / "done").iterdir()) == sorted(set(sources) - set(allow_failed))
+    assert sorted(p.name for p in (state / "done").iterdir()) == sorted(
+        set(sources) - set(allow_failed)
+    )
     for name, digest in sources.items():
         folder = state / ("failed" if name in allow_failed else "done") / name
-        model = folder / f"{name}.onnx" if (folder / f"{name}.onnx").exists() else next(folder.glob("*/*.onnx"))
+        model = (
+            folder / f"{name}.onnx"
+            if (folder / f"{name}.onnx").exists()
+            else next(folder.glob("*/*.onnx"))
+        )
         assert sha256(model) == digest, f"the input of {name} changed"
     for entry in (state / "index").glob("*.json"):
         index = json.loads(entry.read_text())
-        assert Path(index["result"]) in owners and succeeded[index["result"]]["sha256"] == index["sha256"], index
+        assert (
+            Path(index["result"]) in owners
+            and succeeded[index["result"]]["sha256"] == index["sha256"]
+        ), index
     assert list((root / "inbox").iterdir()) == []
     assert list((state / "processing").iterdir()) == []
     assert temp_leftovers(root) == []
@@ -153,8 +187,12 @@ def wait_all_terminal(daemon: DaemonProcess, root: Path, count: int, timeout: fl
     def settled() -> bool:
         with contextlib.suppress(OSError, ValueError):
             records = journal_records(root)
-            return (len(records) == count and all(r["state"] in ("succeeded", "duplicate", "failed") for r in records)
-                    and not any((root / "inbox").iterdir()) and not any((root / "state" / "processing").iterdir()))
+            return (
+                len(records) == count
+                and all(r["state"] in ("succeeded", "duplicate", "failed") for r in records)
+                and not any((root / "inbox").iterdir())
+                and not any((root / "state" / "processing").iterdir())
+            )
         return False
 
     daemon.wait_until(settled, timeout, f"{count} jobs to reach a terminal state")
@@ -163,7 +201,9 @@ def wait_all_terminal(daemon: DaemonProcess, root: Path, count: int, timeout: fl
 def no_processes_left(daemons: Sequence[DaemonProcess], timeout: float = 10.0) -> None:
     """Every process any of these daemons started is gone (an orphaned planning worker exits on EOF)."""
     deadline = time.monotonic() + timeout
-    while (left := [pid for d in daemons for pid in marked_processes(d.token)]) and time.monotonic() < deadline:
+    while (
+        left := [pid for d in daemons for pid in marked_processes(d.token)]
+    ) and time.monotonic() < deadline:
         daemons[-1].pump(0.1)
     assert left == [], f"processes left behind: {left}"
 
@@ -201,7 +241,9 @@ def corpus_entries(staging: Path, skip: frozenset[str] = frozenset()) -> list[li
     model beside it; what is not a model, sidecar or folder (a file a case links to) stays behind."""
     build = staging.parent / f"{staging.name}-build"
     staging.mkdir(parents=True)
-    cases: dict[str, Any] = {k: c.build for k, c in MODEL_CASES.items()} | {f"sidecar-{k}": b for k, b in SIDECAR_CASES.items()}
+    cases: dict[str, Any] = {k: c.build for k, c in MODEL_CASES.items()} | {
+        f"sidecar-{k}": b for k, b in SIDECAR_CASES.items()
+    }
     entries = []
     for key, builder in cases.items():
         if key in skip:
@@ -235,8 +277,11 @@ def corpus_through_daemon(root: Path, skip: frozenset[str] = frozenset()) -> Cor
         def settled() -> bool:
             with contextlib.suppress(OSError, ValueError):
                 records = journal_records(root)
-                return (len(records) >= len(names) and all(r["state"] in ("succeeded", "duplicate", "failed") for r in records)
-                        and not any((root / "state" / "processing").iterdir()))
+                return (
+                    len(records) >= len(names)
+                    and all(r["state"] in ("succeeded", "duplicate", "failed") for r in records)
+                    and not any((root / "state" / "processing").iterdir())
+                )
             return False
 
         daemon.wait_until(settled, 120 + 5 * len(names), f"{len(names)} corpus jobs to end")
@@ -256,9 +301,21 @@ def corpus_through_daemon(root: Path, skip: frozenset[str] = frozenset()) -> Cor
     left = sorted(p.name for p in (root / "inbox").iterdir())
     assert left == sorted(n for n, job in is_job.items() if not job)
     reasons = Counter(str(r["error"]["reason"]) for r in records.values() if r["state"] == "failed")
-    bugs = sorted(_case_of(n) for n, r in records.items() if r["state"] == "failed" and r["error"]["reason"] == "internal_error")
-    return CorpusResult(len(groups), len(names), sum(reasons.values()), len(records) - 1 - sum(reasons.values()),
-                        deaths, len(names) - (len(records) - 1), dict(sorted(reasons.items())), bugs)
+    bugs = sorted(
+        _case_of(n)
+        for n, r in records.items()
+        if r["state"] == "failed" and r["error"]["reason"] == "internal_error"
+    )
+    return CorpusResult(
+        len(groups),
+        len(names),
+        sum(reasons.values()),
+        len(records) - 1 - sum(reasons.values()),
+        deaths,
+        len(names) - (len(records) - 1),
+        dict(sorted(reasons.items())),
+        bugs,
+    )
 
 
 def _case_of(job_name: str) -> str:
@@ -281,8 +338,18 @@ def test_every_corpus_input_through_one_daemon(tmp_path: Path) -> None:
 
 Kind = Literal["plain", "poprt", "folder"]
 _PATTERN: tuple[tuple[Kind, int | None], ...] = (
-    ("plain", None), ("poprt", None), ("plain", None), ("plain", 0), ("folder", None), ("plain", None),
-    ("poprt", 1), ("plain", None), ("poprt", None), ("plain", 2), ("plain", None), ("folder", 4),
+    ("plain", None),
+    ("poprt", None),
+    ("plain", None),
+    ("plain", 0),
+    ("folder", None),
+    ("plain", None),
+    ("poprt", 1),
+    ("plain", None),
+    ("poprt", None),
+    ("plain", 2),
+    ("plain", None),
+    ("folder", 4),
 )
 """One cycle of soak jobs: ``(kind, index of the job in this cycle it duplicates)``. ``poprt`` and
 ``folder`` jobs compile on the fake PopRT (a folder job holds external data, so its attempts
@@ -316,7 +383,9 @@ def stage(job: SoakJob, folder: Path) -> tuple[list[Path], str]:
     """Write ``job`` under ``folder``; returns the paths to rename into the inbox (sidecar first) and
     the sha256 of its model."""
     if job.kind == "folder":
-        model = save_model(chain_model(job.seed, hidden=32), folder / job.name / "net.onnx", external_data=True)
+        model = save_model(
+            chain_model(job.seed, hidden=32), folder / job.name / "net.onnx", external_data=True
+        )
         (folder / job.name / "sharderd.toml").write_text('backend = "poprt"\n')
         return [folder / job.name], sha256(model)
     model = save_model(chain_model(job.seed), folder / f"{job.name}.onnx")
@@ -332,18 +401,24 @@ def soak_config(root: Path, **daemon: Any) -> Path:
     return write_config(root, target="ipu-mk2", max_parallel_compiles=2, **daemon)
 
 
-def reference_results(root: Path, jobs: Sequence[SoakJob]) -> dict[tuple[Kind, int], dict[str, bytes]]:
+def reference_results(
+    root: Path, jobs: Sequence[SoakJob]
+) -> dict[tuple[Kind, int], dict[str, bytes]]:
     """What a clean run (no kills, instant compiles) publishes for each distinct content."""
     first = {job.content: job for job in reversed(jobs)}
     staged = {job.name: stage(job, root / "models")[0] for job in first.values()}
-    with running(soak_config(root), fake_poprt=True, env={"FAKE_POPRT_COMPILE_SECONDS": "0"}) as daemon:
+    with running(
+        soak_config(root), fake_poprt=True, env={"FAKE_POPRT_COMPILE_SECONDS": "0"}
+    ) as daemon:
         for paths in staged.values():
             for path in paths:
                 drop(path, root / "inbox")
         wait_all_terminal(daemon, root, len(first), timeout=60 + 5 * len(first))
     records = {r["name"]: r for r in journal_records(root)}
     assert all(r["state"] == "succeeded" for r in records.values()), records
-    return {content: result_files(Path(records[job.name]["result"])) for content, job in first.items()}
+    return {
+        content: result_files(Path(records[job.name]["result"])) for content, job in first.items()
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,8 +435,15 @@ class KillLoopResult:
     seconds: float
 
 
-def kill_loop(root: Path, jobs: Sequence[SoakJob], *, kills: int, seed: int,
-              compile_seconds: float = 1.5, reference: bool = True) -> KillLoopResult:
+def kill_loop(
+    root: Path,
+    jobs: Sequence[SoakJob],
+    *,
+    kills: int,
+    seed: int,
+    compile_seconds: float = 1.5,
+    reference: bool = True,
+) -> KillLoopResult:
     """Drop ``jobs`` over ``kills + 1`` daemon lives, ``kill -9`` each but the last at a seeded random
     moment, then check exactly-once, byte-identical results and that no process is left.
 
@@ -375,8 +457,10 @@ def kill_loop(root: Path, jobs: Sequence[SoakJob], *, kills: int, seed: int,
     staged = {job.name: stage(job, root / "models") for job in jobs}
     order = list(jobs)
     rng.shuffle(order)
-    order.sort(key=lambda j: j.kind == "plain")  # the first batch holds compiling jobs: kill 1 needs one
-    batches = [order[r::kills + 1] for r in range(kills + 1)]
+    order.sort(
+        key=lambda j: j.kind == "plain"
+    )  # the first batch holds compiling jobs: kill 1 needs one
+    batches = [order[r :: kills + 1] for r in range(kills + 1)]
     config = soak_config(root, max_attempts=kills + 8)  # a job killed in every round still succeeds
     env = {"FAKE_POPRT_COMPILE_SECONDS": str(compile_seconds)}
     daemons: list[DaemonProcess] = []
@@ -403,7 +487,9 @@ def kill_loop(root: Path, jobs: Sequence[SoakJob], *, kills: int, seed: int,
                 daemon.pump(rng.uniform(0.0, min(0.5, compile_seconds / 2)))
             else:
                 daemon.pump(rng.uniform(0.2, 2.0))
-            running_attempts = len(daemon.events("attempt.started")) - len(daemon.events("attempt.finished"))
+            running_attempts = len(daemon.events("attempt.started")) - len(
+                daemon.events("attempt.finished")
+            )
             mid_attempt += running_attempts > 0
             daemon.kill9()
             assert daemon.proc.returncode == -signal.SIGKILL
@@ -429,9 +515,14 @@ def kill_loop(root: Path, jobs: Sequence[SoakJob], *, kills: int, seed: int,
             assert list(Path(records[job.name]["result"]).glob("*.popef")), job
     states = Counter(r["state"] for r in records.values())
     return KillLoopResult(
-        jobs=len(jobs), distinct=len({j.content for j in jobs}), kills=kills, kills_mid_attempt=mid_attempt,
+        jobs=len(jobs),
+        distinct=len({j.content for j in jobs}),
+        kills=kills,
+        kills_mid_attempt=mid_attempt,
         attempts_started=sum(len(d.events("attempt.started")) for d in daemons),
-        succeeded=states["succeeded"], duplicates=states["duplicate"], failed=states["failed"],
+        succeeded=states["succeeded"],
+        duplicates=states["duplicate"],
+        failed=states["failed"],
         seconds=round(time.monotonic() - started, 1),
     )
 
@@ -448,7 +539,9 @@ def test_kill_9_loop_every_job_ends_exactly_once(tmp_path: Path) -> None:
 @run_soak
 def test_kill_9_loop_full_size(tmp_path: Path) -> None:
     """The same at full size: 60 jobs, 25 × kill -9."""
-    outcome = kill_loop(tmp_path, soak_jobs(60), kills=25, seed=int(os.environ.get("SHARDERD_SOAK_SEED", "1")))
+    outcome = kill_loop(
+        tmp_path, soak_jobs(60), kills=25, seed=int(os.environ.get("SHARDERD_SOAK_SEED", "1"))
+    )
     assert outcome.succeeded + outcome.duplicates == 60
 
 
@@ -475,7 +568,9 @@ def test_kill_9_mid_attempt_of_a_folder_job_with_external_data_resumes_it(tmp_pa
     check_exactly_once(tmp_path, {"folder": digest})
 
 
-def test_a_daemon_max_attempts_above_the_sidecar_limit_applies_to_jobs_with_a_sidecar(tmp_path: Path) -> None:
+def test_a_daemon_max_attempts_above_the_sidecar_limit_applies_to_jobs_with_a_sidecar(
+    tmp_path: Path,
+) -> None:
     """``[daemon] max_attempts = 108`` (the 100-kill soak's) reaches a job whose sidecar sets only
     its priority; it used to fail every such job, blaming the sidecar for the daemon's value."""
     sidecar = tmp_path / "m.toml"
@@ -483,7 +578,9 @@ def test_a_daemon_max_attempts_above_the_sidecar_limit_applies_to_jobs_with_a_si
     options = load_sidecar(sidecar, DaemonConfig(max_attempts=108, devices=2))
     assert (options.max_attempts, options.priority) == (108, 2)
     sidecar.write_text("max_attempts = 108\n")
-    with pytest.raises(ConfigError, match=r"m\.toml: max_attempts must be between 1 and 100, got 108"):
+    with pytest.raises(
+        ConfigError, match=r"m\.toml: max_attempts must be between 1 and 100, got 108"
+    ):
         load_sidecar(sidecar, DaemonConfig())
 
 
@@ -492,9 +589,11 @@ def test_restart_sweeps_the_temp_files_a_kill_leaves_mid_write(tmp_path: Path) -
     once a restarted daemon is ready; no job comes of them."""
     config = soak_config(tmp_path)
     state = tmp_path / "state"
-    planted = [state / "journal" / ".20250101T000000000Z-0000aaaa.json.1a2b3c4d.tmp",
-               state / "index" / f".{'0' * 64}.json.1a2b3c4d.tmp",
-               tmp_path / "outbox" / ".tmp-20250101T000000000Z-0000aaaa" / "half.sharded.onnx"]
+    planted = [
+        state / "journal" / ".20250101T000000000Z-0000aaaa.json.1a2b3c4d.tmp",
+        state / "index" / f".{'0' * 64}.json.1a2b3c4d.tmp",
+        tmp_path / "outbox" / ".tmp-20250101T000000000Z-0000aaaa" / "half.sharded.onnx",
+    ]
     for path in planted:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{")
@@ -512,8 +611,12 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs of our own: filling it gives every writer in the daemon a real ENOSPC."""
     mount = tmp_path / "fs"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "sharderd-test", str(mount)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "sharderd-test", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
     try:
@@ -545,8 +648,10 @@ def test_disk_full_jobs_wait_in_processing_and_finish_once_space_returns(small_f
     """With the disk full the daemon keeps running, the claimed inputs stay intact in processing/ and
     are retried at each rescan; once space is freed both finish, exactly once, without a restart."""
     root = small_fs / "daemon"
-    models = {name: save_model(chain_model(seed, hidden=16), root / "models" / f"{name}.onnx")
-              for seed, name in enumerate(("a", "b"))}
+    models = {
+        name: save_model(chain_model(seed, hidden=16), root / "models" / f"{name}.onnx")
+        for seed, name in enumerate(("a", "b"))
+    }
     sources = {name: sha256(path) for name, path in models.items()}
     with running(write_config(root, rescan_interval=0.5)) as daemon:
         ballast = fill(small_fs)
@@ -556,7 +661,9 @@ def test_disk_full_jobs_wait_in_processing_and_finish_once_space_returns(small_f
         # Every claimed job fails to write its journal, is left in processing/, and is tried again.
         daemon.wait_for("daemon.error", count=6, timeout=30)
         assert daemon.proc.poll() is None
-        assert all("No space left on device" in json.dumps(ln) for ln in daemon.events("daemon.error"))
+        assert all(
+            "No space left on device" in json.dumps(ln) for ln in daemon.events("daemon.error")
+        )
         claimed = {ln["name"] for ln in daemon.events("job.claimed")}
         assert claimed == {"a", "b"}
         for name, digest in sources.items():
@@ -601,8 +708,14 @@ def unprivileged(uid: int = NOBODY) -> Iterator[None]:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to start the daemon as another user")
     popen = subprocess.Popen
-    prefix = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-              "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+    prefix = [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=+dac_read_search",
+        "--ambient-caps=+dac_read_search",
+    ]
 
     def as_user(argv: Sequence[str], *args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
         return popen([*prefix, *argv], *args, **kwargs)
@@ -643,7 +756,9 @@ def test_outbox_permission_denied_fails_the_job_with_the_reason(nobody_root: Pat
         (root / "outbox").chmod(0o555)
         drop(first, root / "inbox")
         failed = daemon.wait_for("job.failed", name="first")[0]
-        assert "Permission denied" in failed["message"] and failed["reason"] != "internal_error", failed
+        assert "Permission denied" in failed["message"] and failed["reason"] != "internal_error", (
+            failed
+        )
         (root / "outbox").chmod(0o750)
         drop(second, root / "inbox")
         daemon.wait_for("job.succeeded", name="second")
@@ -692,7 +807,9 @@ class BurstResult:
     samples: list[int] = field(default_factory=list)
 
 
-def burst(root: Path, count: int, *, distinct: int, queue_limit: int | None = LOWERED_QUEUE) -> BurstResult:
+def burst(
+    root: Path, count: int, *, distinct: int, queue_limit: int | None = LOWERED_QUEUE
+) -> BurstResult:
     """Rename ``count`` small models (``examples.chain(nodes=8, hidden=4)``, ``distinct`` different
     contents) into the inbox at once; check each is processed exactly once and sample the RSS."""
     names = [f"b{k:04d}" for k in range(count)]
@@ -721,7 +838,9 @@ def burst(root: Path, count: int, *, distinct: int, queue_limit: int | None = LO
 
         def finished() -> bool:
             samples.append(rss_bytes(daemon.pid))
-            return len(daemon.events("job.succeeded")) + len(daemon.events("job.duplicate")) >= count
+            return (
+                len(daemon.events("job.succeeded")) + len(daemon.events("job.duplicate")) >= count
+            )
 
         daemon.wait_until(finished, 60 + 2.0 * count, f"{count} jobs to finish")
         seconds = time.monotonic() - start
@@ -738,9 +857,17 @@ def burst(root: Path, count: int, *, distinct: int, queue_limit: int | None = LO
         daemon.close()
     check_exactly_once(root, sources)
     assert len(results(root / "outbox")) == distinct
-    return BurstResult(count, distinct, queue_limit if old is not None else None,
-                       sum(1 for ln in detected if ln.get("moved_in")), round(seconds, 1),
-                       samples[0], samples[-1], peak, samples)
+    return BurstResult(
+        count,
+        distinct,
+        queue_limit if old is not None else None,
+        sum(1 for ln in detected if ln.get("moved_in")),
+        round(seconds, 1),
+        samples[0],
+        samples[-1],
+        peak,
+        samples,
+    )
 
 
 def test_burst_of_150_models_each_processed_once_with_flat_memory(tmp_path: Path) -> None:

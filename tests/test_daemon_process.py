@@ -32,9 +32,13 @@ from daemon_helpers import (
     write_config,
 )
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the daemon reads /proc and uses inotify")
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux", reason="the daemon reads /proc and uses inotify"
+)
 
-run_slow = pytest.mark.skipif(not os.environ.get("SHARDERD_SLOW"), reason="slow; set SHARDERD_SLOW=1 to run")
+run_slow = pytest.mark.skipif(
+    not os.environ.get("SHARDERD_SLOW"), reason="slow; set SHARDERD_SLOW=1 to run"
+)
 
 
 @pytest.fixture
@@ -63,18 +67,24 @@ def test_slow_in_place_copy_is_claimed_once_after_it_is_complete(root: Path) -> 
         chunks = 8
         with open(target, "wb") as f:
             for k in range(chunks):
-                f.write(data[k * len(data) // chunks:(k + 1) * len(data) // chunks])
+                f.write(data[k * len(data) // chunks : (k + 1) * len(data) // chunks])
                 f.flush()
-                daemon.pump(0.25)  # shorter than settle_seconds (0.5): the file never looks complete
+                daemon.pump(
+                    0.25
+                )  # shorter than settle_seconds (0.5): the file never looks complete
         last_write = target.stat().st_mtime
         done = daemon.wait_for("job.succeeded", name="slow")
         claimed = daemon.events("job.claimed", name="slow")
         assert len(claimed) == 1
-        assert ts(daemon.events("job.detected", name="slow")[0]) < last_write - 1.0  # seen while written
+        assert (
+            ts(daemon.events("job.detected", name="slow")[0]) < last_write - 1.0
+        )  # seen while written
         assert ts(claimed[0]) >= last_write + 0.5 - 0.05  # ...but claimed only once settled
         assert done[0]["job_id"] == claimed[0]["job_id"]
     assert (root / "state" / "done" / "slow" / "slow.onnx").read_bytes() == data
-    assert (root / "state" / "done" / "slow" / "report.json").read_bytes() == (root / "outbox" / "slow" / "report.json").read_bytes()
+    assert (root / "state" / "done" / "slow" / "report.json").read_bytes() == (
+        root / "outbox" / "slow" / "report.json"
+    ).read_bytes()
     assert [p.name for p in results(root / "outbox")] == ["slow"]
 
 
@@ -99,7 +109,12 @@ def test_part_file_renamed_in_is_exactly_one_job_and_staging_names_none(root: Pa
         claimed = daemon.events("job.claimed", name="m")
         assert len(claimed) == 1
         assert ts(claimed[0]) - renamed < 1.5  # the rename fast path, not the 2 s settle window
-    assert sorted(p.name for p in inbox.iterdir()) == [".hidden.onnx", "x.onnx.part", "y.onnx.tmp", "z.onnx~"]
+    assert sorted(p.name for p in inbox.iterdir()) == [
+        ".hidden.onnx",
+        "x.onnx.part",
+        "y.onnx.tmp",
+        "z.onnx~",
+    ]
     assert not sentinel.exists()
 
 
@@ -116,10 +131,15 @@ def test_folder_job_with_external_data_and_sidecar(root: Path) -> None:
         assert daemon.events("job.claimed")[0]["priority"] == 5
     out = root / "outbox" / "big"
     report = json.loads((out / "report.json").read_text())
-    assert report["model"]["external_bytes"] == (root / "state" / "done" / "big" / "big" / "net.data").stat().st_size
+    assert (
+        report["model"]["external_bytes"]
+        == (root / "state" / "done" / "big" / "big" / "net.data").stat().st_size
+    )
     assert len(report["plan"]["stages"]) == 3
     sharded = onnx.load(str(out / "net.sharded.onnx"))  # loads its external data from the outbox
-    assert sum(len(t.raw_data) for t in sharded.graph.initializer) >= report["model"]["external_bytes"]
+    assert (
+        sum(len(t.raw_data) for t in sharded.graph.initializer) >= report["model"]["external_bytes"]
+    )
 
 
 def test_bad_inputs_land_in_failed_with_a_readable_reason(root: Path) -> None:
@@ -144,16 +164,33 @@ def test_bad_inputs_land_in_failed_with_a_readable_reason(root: Path) -> None:
     sidecar = staged(root, "typo", seed=5)
     (models / "typo.toml").write_text("devicez = 2\n")
     with running(write_config(root)) as daemon:
-        for path in (corrupt, text, unnamed, escape, typo_toml := models / "typo.toml", sidecar, good):
+        for path in (
+            corrupt,
+            text,
+            unnamed,
+            escape,
+            typo_toml := models / "typo.toml",
+            sidecar,
+            good,
+        ):
             drop(path, root / "inbox")
         daemon.wait_for("job.failed", count=5)
         daemon.wait_for("job.succeeded", name="good")
-        assert outcome_names(daemon, "job.failed") == ["corrupt", "escape", "text", "typo", "unnamed"]
+        assert outcome_names(daemon, "job.failed") == [
+            "corrupt",
+            "escape",
+            "text",
+            "typo",
+            "unnamed",
+        ]
     assert not typo_toml.exists()
     failed = root / "state" / "failed"
     expect = {
-        "corrupt": "looks incomplete", "text": "is not an ONNX model", "unnamed": "non-empty name",
-        "escape": "'../secret.bin' contains '..'", "typo": "unknown key 'devicez'",
+        "corrupt": "looks incomplete",
+        "text": "is not an ONNX model",
+        "unnamed": "non-empty name",
+        "escape": "'../secret.bin' contains '..'",
+        "typo": "unknown key 'devicez'",
     }
     for name, needle in expect.items():
         error = json.loads((failed / name / "error.json").read_text())
@@ -180,8 +217,12 @@ def test_same_content_twice_is_sharded_once(root: Path) -> None:
         assert duplicate["result"] == original["result"]
     assert len(results(root / "outbox")) == 1
     assert sorted(p.name for p in (root / "state" / "done").iterdir()) == ["first", "second"]
-    report = json.loads((root / "state" / "done" / duplicate["name"] / "report.json").read_text())  # the pointer's
-    assert report["status"] == "duplicate" and report["duplicate_of"]["result"] == original["result"]
+    report = json.loads(
+        (root / "state" / "done" / duplicate["name"] / "report.json").read_text()
+    )  # the pointer's
+    assert (
+        report["status"] == "duplicate" and report["duplicate_of"]["result"] == original["result"]
+    )
 
 
 def _many_models(root: Path, count: int) -> None:
@@ -266,7 +307,9 @@ def test_kill_9_during_an_attempt_then_restart_ends_every_job_once(root: Path) -
             recovered = second.events("journal.recovered")[0]
             assert recovered["killed_strays"] and set(recovered["killed_strays"]) <= set(orphans)
             assert marked_processes(first.token) == []
-            assert len(recovered["removed"]) == 3 and recovered["resume"] == 3  # .tmp-* swept, all queued
+            assert (
+                len(recovered["removed"]) == 3 and recovered["resume"] == 3
+            )  # .tmp-* swept, all queued
             second.wait_for("job.succeeded", count=3, timeout=60)
             assert outcome_names(second, "job.succeeded") == names
             resumed = {ln["job_id"] for ln in second.events("job.resumed")}
@@ -396,12 +439,17 @@ def drain(sock: socket.socket, into: list[str]) -> list[str]:
             return into
 
 
-def test_notify_socket_gets_ready_status_watchdog_and_stopping(root: Path, notify_socket: tuple[str, socket.socket]) -> None:
+def test_notify_socket_gets_ready_status_watchdog_and_stopping(
+    root: Path, notify_socket: tuple[str, socket.socket]
+) -> None:
     """READY=1 after start-up, STATUS= with counts, WATCHDOG=1 every WATCHDOG_USEC/2, STOPPING=1;
     the planning worker does not inherit the notify variables."""
     address, sock = notify_socket
     seen_by_worker = root / "worker-env.json"
-    hook = planworker_hook(root, f"open({str(seen_by_worker)!r}, 'w').write(__import__('json').dumps(sorted(os.environ)))")
+    hook = planworker_hook(
+        root,
+        f"open({str(seen_by_worker)!r}, 'w').write(__import__('json').dumps(sorted(os.environ)))",
+    )
     env = {**hook, "NOTIFY_SOCKET": address, "WATCHDOG_USEC": "500000"}
     daemon = DaemonProcess(write_config(root), env=env)
     got: list[str] = []
@@ -411,9 +459,15 @@ def test_notify_socket_gets_ready_status_watchdog_and_stopping(root: Path, notif
 
     try:
         daemon.wait_until(lambda: seen(lambda m: m.startswith("READY=1")), 30, "READY=1")
-        assert daemon.events("daemon.ready")  # READY=1 only once the watcher and the first scan are up
+        assert daemon.events(
+            "daemon.ready"
+        )  # READY=1 only once the watcher and the first scan are up
         drop(staged(root, "one"), root / "inbox")
-        daemon.wait_until(lambda: seen(lambda m: "STATUS=" in m and "1 succeeded" in m), 30, "a STATUS= with the result")
+        daemon.wait_until(
+            lambda: seen(lambda m: "STATUS=" in m and "1 succeeded" in m),
+            30,
+            "a STATUS= with the result",
+        )
         assert any("1 running" in m for m in got if "STATUS=" in m)
         pings = sum(m == "WATCHDOG=1" for m in got)
         daemon.pump(1.0)  # a rate needs a stretch of time: four pings are due (every 0.25 s)
@@ -422,7 +476,11 @@ def test_notify_socket_gets_ready_status_watchdog_and_stopping(root: Path, notif
         assert seen(lambda m: m.startswith("STOPPING=1"))
         assert not [ln for ln in daemon.lines if ln["event"] == "notify.failed"]
         worker_env = set(json.loads(seen_by_worker.read_text()))
-        assert "PYTHONPATH" in worker_env and not worker_env & {"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}
+        assert "PYTHONPATH" in worker_env and not worker_env & {
+            "NOTIFY_SOCKET",
+            "WATCHDOG_USEC",
+            "WATCHDOG_PID",
+        }
     finally:
         daemon.close()
 

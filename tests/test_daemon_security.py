@@ -30,7 +30,9 @@ from daemon_helpers import (
     write_config,
 )
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the daemon reads /proc and uses inotify")
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux", reason="the daemon reads /proc and uses inotify"
+)
 
 _IN_ACCESS = 0x001
 _IN_OPEN = 0x020
@@ -61,7 +63,9 @@ class OpenWatch:
             offset = 0
             while offset < len(data):
                 wd, mask, _, size = _EVENT.unpack_from(data, offset)
-                name = data[offset + _EVENT.size:offset + _EVENT.size + size].rstrip(b"\0").decode()
+                name = (
+                    data[offset + _EVENT.size : offset + _EVENT.size + size].rstrip(b"\0").decode()
+                )
                 offset += _EVENT.size + size
                 kind = "open" if mask & _IN_OPEN else "access"
                 found.append((str(self.paths.get(wd, wd)), f"{kind} {name}".strip()))
@@ -80,6 +84,7 @@ def open_watch() -> Iterator[list[OpenWatch]]:
 
 def lstat_tree(folder: Path) -> dict[str, tuple[int, ...]]:
     """``lstat`` of ``folder`` and its direct entries: what a write, rename or chmod would change."""
+
     def key(st: os.stat_result) -> tuple[int, ...]:
         return st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
@@ -111,8 +116,13 @@ def test_symlinks_dropped_in_the_inbox_fail_and_are_never_followed(
     root = tmp_path / "daemon"
     inbox = root / "inbox"
     inbox.mkdir(parents=True)
-    links = {"etc": Path("/etc"), "passwd.onnx": Path("/etc/passwd"), "decoy.onnx": decoy,
-             "decoydir": decoy_dir, "notes.txt": Path("/etc/passwd")}
+    links = {
+        "etc": Path("/etc"),
+        "passwd.onnx": Path("/etc/passwd"),
+        "decoy.onnx": decoy,
+        "decoydir": decoy_dir,
+        "notes.txt": Path("/etc/passwd"),
+    }
     for name, target in links.items():
         (inbox / name).symlink_to(target)
     (inbox / "inner").mkdir()
@@ -121,7 +131,9 @@ def test_symlinks_dropped_in_the_inbox_fail_and_are_never_followed(
     (inbox / "side.toml").symlink_to(outside / "side.toml")  # a real model whose sidecar is a link
     good = save_model(chain_model(4), tmp_path / "good.onnx")
     etc_before, passwd_before = lstat_tree(Path("/etc")), Path("/etc/passwd").stat()
-    watch = OpenWatch([outside, outside / "decoy.onnx", decoy_dir, decoy_dir / "net.onnx", outside / "side.toml"])
+    watch = OpenWatch(
+        [outside, outside / "decoy.onnx", decoy_dir, decoy_dir / "net.onnx", outside / "side.toml"]
+    )
     open_watch.append(watch)
     with running(write_config(root, watch_mode=watch_mode, poll_interval=0.3)) as daemon:
         daemon.wait_for("job.failed", count=6)
@@ -133,9 +145,14 @@ def test_symlinks_dropped_in_the_inbox_fail_and_are_never_followed(
     errors = errors_by_name(root)
     assert sorted(errors) == ["decoy", "decoydir", "etc", "inner", "passwd", "side"]
     for name, error in errors.items():
-        assert error["reason"] == "bad_job" and "symbolic link" in str(error["message"]), (name, error)
+        assert error["reason"] == "bad_job" and "symbolic link" in str(error["message"]), (
+            name,
+            error,
+        )
     failed = root / "state" / "failed"
-    assert (failed / "etc" / "etc").readlink() == Path("/etc")  # the link itself moved, never what it names
+    assert (failed / "etc" / "etc").readlink() == Path(
+        "/etc"
+    )  # the link itself moved, never what it names
     assert (failed / "passwd" / "passwd.onnx").readlink() == Path("/etc/passwd")
     assert (failed / "side" / "side.toml").readlink() == outside / "side.toml"
     assert [p.name for p in inbox.iterdir()] == ["notes.txt"] and (inbox / "notes.txt").is_symlink()
@@ -158,7 +175,9 @@ def _relocate(model: Path, location: str) -> None:
     onnx.save(proto, str(model))
 
 
-def test_external_data_outside_the_job_folder_is_never_read(tmp_path: Path, open_watch: list[OpenWatch]) -> None:
+def test_external_data_outside_the_job_folder_is_never_read(
+    tmp_path: Path, open_watch: list[OpenWatch]
+) -> None:
     """External data named by absolute path, by ``..``, through a symlink or as a hard link to a file
     outside fails the job with a message saying why; the outside files are never opened."""
     outside = tmp_path / "outside"
@@ -188,15 +207,19 @@ def test_external_data_outside_the_job_folder_is_never_read(tmp_path: Path, open
     assert watch.events() == []
     errors = errors_by_name(root)
     expect = {
-        "absolute": "is absolute", "dotdot": "contains '..'",
-        "symlinked": "outside the model's folder", "hardlinked": "is a hard link",
+        "absolute": "is absolute",
+        "dotdot": "contains '..'",
+        "symlinked": "outside the model's folder",
+        "hardlinked": "is a hard link",
     }
     assert sorted(errors) == sorted(expect)
     for name, fragment in expect.items():
         assert fragment in str(errors[name]["message"]), (name, errors[name])
         assert errors[name]["reason"] in ("bad_model", "bad_job"), errors[name]
     assert results(root / "outbox") == []
-    assert (root / "state" / "failed" / "hardlinked" / "hardlinked" / "net.data").stat().st_nlink == 2  # kept, not copied
+    assert (
+        root / "state" / "failed" / "hardlinked" / "hardlinked" / "net.data"
+    ).stat().st_nlink == 2  # kept, not copied
 
 
 # --- modes, root, execution ------------------------------------------------------------------------
@@ -230,8 +253,12 @@ def _run_with_umask_0(config: Path, root: Path) -> None:
         daemon.close()
 
 
-@pytest.mark.parametrize(("configured", "file_mode", "dir_mode"), [(False, 0o640, 0o750), (True, 0o600, 0o700)])
-def test_results_and_failures_get_the_configured_modes(tmp_path: Path, configured: bool, file_mode: int, dir_mode: int) -> None:
+@pytest.mark.parametrize(
+    ("configured", "file_mode", "dir_mode"), [(False, 0o640, 0o750), (True, 0o600, 0o700)]
+)
+def test_results_and_failures_get_the_configured_modes(
+    tmp_path: Path, configured: bool, file_mode: int, dir_mode: int
+) -> None:
     """Every file and folder of a result, and what sharderd writes into failed/, has ``file_mode`` /
     ``dir_mode`` (default 0640/0750), even when the daemon's umask would allow more."""
     root = tmp_path / "daemon"
@@ -241,7 +268,11 @@ def test_results_and_failures_get_the_configured_modes(tmp_path: Path, configure
     assert (result / "net.sharded.onnx").is_file()
     assert _modes(result) == {("d", dir_mode), ("f", file_mode)}
     failed = root / "state" / "failed" / "bad"
-    written = {p.name: stat.S_IMODE(p.stat().st_mode) for p in failed.iterdir() if p.name.startswith("error.")}
+    written = {
+        p.name: stat.S_IMODE(p.stat().st_mode)
+        for p in failed.iterdir()
+        if p.name.startswith("error.")
+    }
     assert written == {"error.json": file_mode, "error.md": file_mode}
     assert stat.S_IMODE(failed.stat().st_mode) == dir_mode
 
@@ -265,8 +296,13 @@ def test_refuses_root_unless_allow_root_then_starts(tmp_path: Path) -> None:
         assert daemon.stop() == 0
 
 
-SHELLY = ["$(touch ${SHARDERD_PWNED})", "`touch ${SHARDERD_PWNED}`", "x; touch ${SHARDERD_PWNED} #",
-          "--help", "two\nlines | touch ${SHARDERD_PWNED}"]
+SHELLY = [
+    "$(touch ${SHARDERD_PWNED})",
+    "`touch ${SHARDERD_PWNED}`",
+    "x; touch ${SHARDERD_PWNED} #",
+    "--help",
+    "two\nlines | touch ${SHARDERD_PWNED}",
+]
 """Job names a shell would run; ``$SHARDERD_PWNED`` is set in the daemon's environment, so a shell
 started anywhere below it (worker, attempt, compiler) would create that file."""
 
@@ -282,7 +318,9 @@ def test_nothing_from_a_job_is_executed(tmp_path: Path) -> None:
         model.graph.name = model.doc_string = model.producer_name = name
         model.graph.node[0].name = f"{name}/node"
         save_model(model, models / f"{name}.onnx")
-    (models / f"{SHELLY[0]}.toml").write_text('backend = "poprt"\n')  # its compile attempts get the name as argv
+    (models / f"{SHELLY[0]}.toml").write_text(
+        'backend = "poprt"\n'
+    )  # its compile attempts get the name as argv
     save_model(chain_model(20), models / "tick.onnx")
     (models / "tick.toml").write_text('target = "`touch ${SHARDERD_PWNED}`"\n')
     save_model(chain_model(21), models / "dollar.onnx")
@@ -293,7 +331,9 @@ def test_nothing_from_a_job_is_executed(tmp_path: Path) -> None:
             drop(path, root / "inbox")
         daemon.wait_for("job.succeeded", count=len(SHELLY), timeout=60)
         daemon.wait_for("job.failed", count=2)
-        assert daemon.events("attempt.started", ) and daemon.events("attempt.finished", result="ok")
+        assert daemon.events(
+            "attempt.started",
+        ) and daemon.events("attempt.finished", result="ok")
         assert daemon.stop() == 0
     assert not pwned.exists() and not list(tmp_path.rglob("pwned"))
     assert sorted(p.name for p in results(root / "outbox")) == sorted(SHELLY)
@@ -302,6 +342,9 @@ def test_nothing_from_a_job_is_executed(tmp_path: Path) -> None:
     assert sorted(errors) == ["dollar", "tick"]
     assert all(e["reason"] == "bad_config" for e in errors.values())
     assert "`touch ${SHARDERD_PWNED}`" in str(errors["tick"]["message"])
-    assert "$(touch ${SHARDERD_PWNED})" in (root / "state" / "failed" / "dollar" / "error.md").read_text()
+    assert (
+        "$(touch ${SHARDERD_PWNED})"
+        in (root / "state" / "failed" / "dollar" / "error.md").read_text()
+    )
     report = json.loads((root / "outbox" / SHELLY[1] / "report.json").read_text())
     assert SHELLY[1] in json.dumps(report)  # the name is in the report, as text

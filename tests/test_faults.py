@@ -54,7 +54,10 @@ class Batch:
 
 
 def _options(fault: str) -> dict[str, Any]:
-    extra: dict[str, Any] = {"fork_bomb": {"children": BOMB_CHILDREN}, "stderr_flood": {"bytes": FLOOD_BYTES}}
+    extra: dict[str, Any] = {
+        "fork_bomb": {"children": BOMB_CHILDREN},
+        "stderr_flood": {"bytes": FLOOD_BYTES},
+    }
     return {"fault": fault, **extra.get(fault, {})}
 
 
@@ -69,7 +72,12 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Batch:
     """Every fault at once through one pool of 2; peak RSS reset first so the growth is this batch's."""
     root = tmp_path_factory.mktemp("faults")
     pool = AttemptPool(2)
-    env = worker_env({**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
+    env = worker_env(
+        {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
+    )
     env.pop("PYTHONFAULTHANDLER", None)
     attempts: dict[str, Attempt] = {}
 
@@ -195,7 +203,11 @@ def test_exit_without_result_is_crashed(batch: Batch) -> None:
     """Exit status 0 without a result file is crashed "without a result", not a success."""
     attempt = batch.attempts["exit_without_result"]
     outcome = attempt.outcome
-    assert (outcome.outcome, outcome.returncode, outcome.message) == ("crashed", 0, "worker exited without a result")
+    assert (outcome.outcome, outcome.returncode, outcome.message) == (
+        "crashed",
+        0,
+        "worker exited without a result",
+    )
     assert not (attempt.workdir / RESULT_NAME).exists()
 
 
@@ -215,4 +227,6 @@ def test_exception_is_crashed_with_the_exception_in_the_stderr_tail(batch: Batch
     text = f"RuntimeError: fault backend: injected failure for {attempt.workdir / 'model.onnx'}"
     assert (outcome.outcome, outcome.returncode) == ("crashed", 1)
     assert outcome.message == f"worker exited with status 1: {text}"
-    assert "Traceback (most recent call last)" in outcome.stderr_tail and text in outcome.stderr_tail
+    assert (
+        "Traceback (most recent call last)" in outcome.stderr_tail and text in outcome.stderr_tail
+    )

@@ -91,13 +91,20 @@ def hint_commands(text: str) -> list[str]:
 def check_diagnostic(command: str, cwd: Path) -> None:
     """A hint that diagnoses a broken input must say so: exit non-zero, no Python warning instead."""
     assert "-m onnx.checker" not in command, command
-    done = subprocess.run(command, shell=True, cwd=cwd, text=True, capture_output=True, timeout=120, check=False)
+    done = subprocess.run(
+        command, shell=True, cwd=cwd, text=True, capture_output=True, timeout=120, check=False
+    )
     assert done.returncode != 0, (command, done.stdout, done.stderr)
-    assert "RuntimeWarning" not in done.stderr and (done.stdout + done.stderr).strip(), (command, done.stderr)
+    assert "RuntimeWarning" not in done.stderr and (done.stdout + done.stderr).strip(), (
+        command,
+        done.stderr,
+    )
 
 
 @pytest.mark.parametrize("case", [n for n, c in MODEL_CASES.items() if c.bug is None])
-def test_every_hint_the_cli_prints_for_a_broken_model_runs_and_shows_the_problem(case: str, tmp_path: Path) -> None:
+def test_every_hint_the_cli_prints_for_a_broken_model_runs_and_shows_the_problem(
+    case: str, tmp_path: Path
+) -> None:
     """Each command in ``sharderd plan``'s error for a corpus model, run as printed, reports the problem."""
     built = MODEL_CASES[case].build(tmp_path)
     if built.exit_code == 0:
@@ -135,7 +142,10 @@ def test_failed_and_duplicate_jobs_tell_the_truth(tmp_path: Path) -> None:
     """
     cases = tmp_path / "cases"
     cases.mkdir()
-    broken = {case: MODEL_CASES[case].build(cases).path for case in ("truncated-50", "random-bytes", "ml-only", "unnamed-nodes")}
+    broken = {
+        case: MODEL_CASES[case].build(cases).path
+        for case in ("truncated-50", "random-bytes", "ml-only", "unnamed-nodes")
+    }
     first = save_model(chain_model(11), tmp_path / "models" / "first.onnx")
     second = tmp_path / "models" / "second.onnx"
     second.write_bytes(first.read_bytes())
@@ -153,13 +163,22 @@ def test_failed_and_duplicate_jobs_tell_the_truth(tmp_path: Path) -> None:
         second.rename(inbox / second.name)
         duplicate = daemon.wait_for("job.duplicate", name="second", timeout=30)[0]
     failed = tmp_path / "state" / "failed"
-    folders = {names[c]: failed / (names[c] + ("-1" if names[c] == "random" else "")) for c in broken}
-    messages = {name: json.loads((folder / "error.json").read_text())["message"] for name, folder in folders.items()}
+    folders = {
+        names[c]: failed / (names[c] + ("-1" if names[c] == "random" else "")) for c in broken
+    }
+    messages = {
+        name: json.loads((folder / "error.json").read_text())["message"]
+        for name, folder in folders.items()
+    }
     for name, folder in folders.items():
         md = (folder / "error.md").read_text()
-        assert "processing" not in md and "processing" not in (folder / "error.json").read_text(), md
+        assert "processing" not in md and "processing" not in (folder / "error.json").read_text(), (
+            md
+        )
         assert str(folder) in md
-        assert sorted(p.name for p in folder.iterdir()) == sorted([f"{name}.onnx", "error.json", "error.md"])
+        assert sorted(p.name for p in folder.iterdir()) == sorted(
+            [f"{name}.onnx", "error.json", "error.md"]
+        )
         assert "no report: the job stopped before sharderd wrote one" in md
         commands = hint_commands(md)
         retry = [c for c in commands if c.startswith("sharderd retry")]
@@ -167,13 +186,21 @@ def test_failed_and_duplicate_jobs_tell_the_truth(tmp_path: Path) -> None:
         for command in commands:
             if command not in retry:
                 check_diagnostic(command, tmp_path)
-        assert subprocess.run(retry[0], shell=True, check=False, capture_output=True).returncode == 0
+        assert (
+            subprocess.run(retry[0], shell=True, check=False, capture_output=True).returncode == 0
+        )
         assert (inbox / f"{name}.onnx").is_file()
     assert "looks incomplete" in messages[names["truncated-50"]]
-    assert "sharderd splits neural-network graphs of default-domain (ai.onnx) ops" in messages[names["ml-only"]]
+    assert (
+        "sharderd splits neural-network graphs of default-domain (ai.onnx) ops"
+        in messages[names["ml-only"]]
+    )
     # 5: the duplicate's outbox entry and report
     pointer = tmp_path / "outbox" / "second"
-    assert json.loads((pointer / "duplicate.json").read_text())["duplicate_of"]["result"] == duplicate["result"]
+    assert (
+        json.loads((pointer / "duplicate.json").read_text())["duplicate_of"]["result"]
+        == duplicate["result"]
+    )
     for folder in (pointer, tmp_path / "state" / "done" / "second"):
         report_md = (folder / "report.md").read_text()
         assert report_md.startswith("# sharderd report: second: duplicate")
@@ -188,8 +215,21 @@ def test_failed_and_duplicate_jobs_tell_the_truth(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def small_transformer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("model")
-    done = sharderd("example-model", "transformer", "--out", folder / "t.onnx", "--set", "layers=2",
-                    "--set", "hidden=32", "--set", "seq=8", "--set", "vocab=50", cwd=folder)
+    done = sharderd(
+        "example-model",
+        "transformer",
+        "--out",
+        folder / "t.onnx",
+        "--set",
+        "layers=2",
+        "--set",
+        "hidden=32",
+        "--set",
+        "seq=8",
+        "--set",
+        "vocab=50",
+        cwd=folder,
+    )
     assert done.returncode == 0, done.stderr
     return folder / "t.onnx"
 
@@ -197,19 +237,29 @@ def small_transformer(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def shard_report(model: Path, out: Path, *args: str) -> tuple[dict[str, Any], str, str, str]:
     """``report.json``, ``.md``, ``.html`` and what the command printed (progress lines included)."""
     pytest.importorskip("onnxruntime")
-    done = sharderd("shard", model, "--devices", "2", "--backend", "onnxruntime", "--out", out, *args)
+    done = sharderd(
+        "shard", model, "--devices", "2", "--backend", "onnxruntime", "--out", out, *args
+    )
     assert done.returncode == 0, done.stderr
-    return (json.loads((out / "report.json").read_text()), (out / "report.md").read_text(),
-            (out / "report.html").read_text(), done.stdout + done.stderr)
+    return (
+        json.loads((out / "report.json").read_text()),
+        (out / "report.md").read_text(),
+        (out / "report.html").read_text(),
+        done.stdout + done.stderr,
+    )
 
 
-def test_ipu_predictions_and_cpu_measurements_compare_as_shares_not_seconds(small_transformer: Path, tmp_path: Path) -> None:
+def test_ipu_predictions_and_cpu_measurements_compare_as_shares_not_seconds(
+    small_transformer: Path, tmp_path: Path
+) -> None:
     """Default target ipu-mk2, measured by onnxruntime on the CPU: the report says where each number
     comes from, compares per-stage shares (not µs against ms), and claims no compile and no amp."""
     report, md, html, printed = shard_report(small_transformer, tmp_path / "out")
     assert report["target"]["name"] == "ipu-mk2" and report["backend"] == "onnxruntime"
     assert "[attempt.started]" in printed and "amp=" not in printed
-    assert "share per stage" in md and "Different devices, so the absolute times do not compare" in md
+    assert (
+        "share per stage" in md and "Different devices, so the absolute times do not compare" in md
+    )
     assert "measured with onnxruntime (CPUExecutionProvider) on the host that ran sharderd" in md
     assert "a different device: the two numbers do not compare" in md
     assert "status: **verified**" in md and "nothing was compiled" in md
@@ -218,19 +268,25 @@ def test_ipu_predictions_and_cpu_measurements_compare_as_shares_not_seconds(smal
     measured = re.findall(r'class="bar-measured" data-seconds="[^"]+" data-share="([^"]+)"', html)
     assert measured and abs(sum(map(float, measured)) - 1.0) < 1e-9
     assert "different device from the prediction" in html
-    attempts = html[html.index('<table class="attempts">'):]
+    attempts = html[html.index('<table class="attempts">') :]
     amp_cells = re.findall(r"</code></td><td>([^<]*)</td>", attempts[: attempts.index("</table>")])
-    assert amp_cells and all(cell == "" for cell in amp_cells), amp_cells  # no "amp 0" for onnxruntime
+    assert amp_cells and all(cell == "" for cell in amp_cells), (
+        amp_cells
+    )  # no "amp 0" for onnxruntime
 
 
-def test_a_cpu_target_measured_on_the_cpu_compares_absolute_times(small_transformer: Path, tmp_path: Path) -> None:
+def test_a_cpu_target_measured_on_the_cpu_compares_absolute_times(
+    small_transformer: Path, tmp_path: Path
+) -> None:
     """Same kind of device (target cpu, CPUExecutionProvider): seconds beside seconds."""
     _, md, html, _ = shard_report(small_transformer, tmp_path / "out", "--target", "cpu")
     assert "| measured |" in md and "share per stage" not in md
     assert 'data-compare="absolute"' in html and "data-share=" not in html
 
 
-def test_every_term_of_a_stage_time_is_reported_and_they_sum_to_it(small_transformer: Path, tmp_path: Path) -> None:
+def test_every_term_of_a_stage_time_is_reported_and_they_sum_to_it(
+    small_transformer: Path, tmp_path: Path
+) -> None:
     """compute + per-node overhead + host I/O + comm in + comm out = the stage's time, in all three files;
     the last stage's logits going to the host show as host I/O (they were hidden in "time" before)."""
     report, md, html, _ = shard_report(small_transformer, tmp_path / "out")
@@ -262,7 +318,9 @@ def test_top_level_help_is_for_users_not_the_modules_docstring() -> None:
     assert "pipeline stages" in done.stdout and "Exit codes" in done.stdout
 
 
-@pytest.mark.skipif(Path("/etc/sharderd/sharderd.toml").exists(), reason="this host has the unit's config")
+@pytest.mark.skipif(
+    Path("/etc/sharderd/sharderd.toml").exists(), reason="this host has the unit's config"
+)
 def test_status_without_config_suggests_the_file_and_that_command_reads_it(tmp_path: Path) -> None:
     """No --config, no /etc/sharderd/sharderd.toml: say so, and suggest the sharderd.toml of this folder;
     the suggested command, run as written, reads that daemon's folders."""
@@ -272,9 +330,13 @@ def test_status_without_config_suggests_the_file_and_that_command_reads_it(tmp_p
     assert "No --config was given and /etc/sharderd/sharderd.toml does not exist" in done.stdout
     [command] = hint_commands(done.stdout)
     assert command == f"sharderd status --config {config.name}"
-    suggested = subprocess.run(command, shell=True, cwd=tmp_path, text=True, capture_output=True, check=False)
+    suggested = subprocess.run(
+        command, shell=True, cwd=tmp_path, text=True, capture_output=True, check=False
+    )
     assert str(tmp_path / "run" / "status.json") in suggested.stdout
-    assert "from the journal" not in done.stdout  # no journal under the default folders: no counts claimed
+    assert (
+        "from the journal" not in done.stdout
+    )  # no journal under the default folders: no counts claimed
 
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -291,7 +353,9 @@ def test_readme_daemon_section_says_it_refuses_root_and_how_to_allow_it() -> Non
     assert "refuses to run as root" in daemon and "allow_root = true" in daemon
 
 
-def test_readme_output_listings_hold_what_runs_write(small_transformer: Path, tmp_path: Path) -> None:
+def test_readme_output_listings_hold_what_runs_write(
+    small_transformer: Path, tmp_path: Path
+) -> None:
     """The CLI listing names every file ``shard`` writes (report.html included); the daemon's names
     ``.sharderd-job``, which every published outbox folder holds."""
     listing = _section("## What a run gives you")
@@ -311,8 +375,14 @@ def test_readme_says_above_the_test_command_how_many_report_tests_skip_without_c
     note = lines[test_command - 1]
     assert note.startswith("#") and "chromium" in note
     count = int(re.search(r"skips the (\d+) report", note).group(1))  # type: ignore[union-attr]
-    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/test_report_html.py"],
-                               cwd=REPO, text=True, capture_output=True, check=False, timeout=120)
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/test_report_html.py"],
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        check=False,
+        timeout=120,
+    )
     assert sum(1 for ln in collected.stdout.splitlines() if "::" in ln) == count
 
 
@@ -323,7 +393,9 @@ def test_readme_says_what_a_failed_folder_holds() -> None:
     assert "(and every daemon job in `done/` or `failed/`) holds `report.html`" not in README
 
 
-def test_every_broken_corpus_model_dropped_into_the_daemon_gets_an_error_md_whose_commands_work(tmp_path: Path) -> None:
+def test_every_broken_corpus_model_dropped_into_the_daemon_gets_an_error_md_whose_commands_work(
+    tmp_path: Path,
+) -> None:
     """The whole corpus through one daemon (each case that fails with the default options and is a
     file or folder a user could drop): every error.md names paths under ``failed/``, never
     ``processing/``, and each command in it runs as written (diagnoses fail on the input)."""
@@ -344,10 +416,17 @@ def test_every_broken_corpus_model_dropped_into_the_daemon_gets_an_error_md_whos
     with running(write_config(tmp_path, rescan_interval=30.0)) as daemon:
         for entry in dropped.values():
             entry.rename(inbox / entry.name)
-        daemon.wait_until(lambda: not any(inbox.iterdir()) and not any((tmp_path / "state" / "processing").iterdir()),
-                          120, "every dropped case to be filed")
+        daemon.wait_until(
+            lambda: (
+                not any(inbox.iterdir()) and not any((tmp_path / "state" / "processing").iterdir())
+            ),
+            120,
+            "every dropped case to be filed",
+        )
         failed_lines = daemon.events("job.failed")
-    assert sorted(line["name"] for line in failed_lines) == sorted(e.name.removesuffix(".onnx") for e in dropped.values())
+    assert sorted(line["name"] for line in failed_lines) == sorted(
+        e.name.removesuffix(".onnx") for e in dropped.values()
+    )
     assert len(failed_lines) >= 25
     for line in failed_lines:
         folder = Path(line["failed"])

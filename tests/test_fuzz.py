@@ -122,9 +122,18 @@ def bounded_memory() -> Iterator[None]:
     """Cap this process's address space while fuzzing: a generated model that makes something
     allocate by its declared dims must fail here, not get the host's OOM killer to pick a victim."""
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    size = int(re.search(r"^VmSize:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)[1]) * 1024
+    size = (
+        int(
+            re.search(r"^VmSize:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)[
+                1
+            ]
+        )
+        * 1024
+    )
     cap = size + ADDRESS_SPACE_HEADROOM
-    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    resource.setrlimit(
+        resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard)
+    )
     try:
         yield
     finally:
@@ -202,10 +211,29 @@ _DIMS = st.lists(
     ),
     max_size=3,
 )
-_DTYPES = st.sampled_from([TensorProto.FLOAT, TensorProto.INT64, TensorProto.FLOAT16, TensorProto.UINT4, 0, 99])
+_DTYPES = st.sampled_from(
+    [TensorProto.FLOAT, TensorProto.INT64, TensorProto.FLOAT16, TensorProto.UINT4, 0, 99]
+)
 _OPS = st.sampled_from(
-    ["Relu", "Add", "MatMul", "Gemm", "Conv", "Reshape", "Concat", "Softmax", "Transpose", "Split",
-     "Gather", "LayerNormalization", "Constant", "Loop", "If", "Scan", "Mystery"]
+    [
+        "Relu",
+        "Add",
+        "MatMul",
+        "Gemm",
+        "Conv",
+        "Reshape",
+        "Concat",
+        "Softmax",
+        "Transpose",
+        "Split",
+        "Gather",
+        "LayerNormalization",
+        "Constant",
+        "Loop",
+        "If",
+        "Scan",
+        "Mystery",
+    ]
 )
 
 
@@ -224,7 +252,9 @@ def _tensors(draw: st.DrawFn, name: str, chaos: int) -> TensorProto:
     if not draw(st.integers(min_value=0, max_value=15)) < chaos:
         dims = draw(st.lists(st.integers(min_value=1, max_value=4), min_size=0, max_size=2))
         count = math.prod(dims)
-        return TensorProto(name=name, dims=dims, data_type=TensorProto.FLOAT, raw_data=bytes(4 * count))
+        return TensorProto(
+            name=name, dims=dims, data_type=TensorProto.FLOAT, raw_data=bytes(4 * count)
+        )
     tensor = TensorProto(name=name, dims=draw(_DIMS), data_type=draw(_DTYPES))
     payload = draw(st.sampled_from(["none", "raw", "ints", "floats", "external"]))
     if payload == "raw":
@@ -235,8 +265,12 @@ def _tensors(draw: st.DrawFn, name: str, chaos: int) -> TensorProto:
         tensor.float_data.extend(draw(st.lists(st.floats(width=32), max_size=4)))
     elif payload == "external":
         tensor.data_location = TensorProto.EXTERNAL
-        for key in draw(st.lists(st.sampled_from(["location", "offset", "length", "checksum"]), max_size=3)):
-            value = draw(st.sampled_from(["w.bin", "", "../w.bin", "/etc/passwd", "-1", "12", "x", "\0"]))
+        for key in draw(
+            st.lists(st.sampled_from(["location", "offset", "length", "checksum"]), max_size=3)
+        ):
+            value = draw(
+                st.sampled_from(["w.bin", "", "../w.bin", "/etc/passwd", "-1", "12", "x", "\0"])
+            )
             tensor.external_data.add(key=key, value=value)
     return tensor
 
@@ -245,7 +279,9 @@ def _body(kind: str) -> onnx.GraphProto:
     """A minimal body: Loop/Scan carry one value through a Relu, If branches read ``x`` from outside."""
     if kind == "If":
         nodes = [helper.make_node("Relu", ["x"], ["b_out"], name="branch_relu")]
-        return helper.make_graph(nodes, "branch", [], [helper.make_tensor_value_info("b_out", TensorProto.FLOAT, None)])
+        return helper.make_graph(
+            nodes, "branch", [], [helper.make_tensor_value_info("b_out", TensorProto.FLOAT, None)]
+        )
     nodes = [helper.make_node("Relu", ["carry"], ["carry_out"], name="body_relu")]
     inputs = [helper.make_tensor_value_info("carry", TensorProto.FLOAT, None)]
     if kind == "Loop":
@@ -259,7 +295,10 @@ def _body(kind: str) -> onnx.GraphProto:
     else:
         outputs = ["carry_out"]
     return helper.make_graph(
-        nodes, "body", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+        nodes,
+        "body",
+        inputs,
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
     )
 
 
@@ -268,32 +307,49 @@ def _nodes(draw: st.DrawFn, index: int, available: list[str], chaos: int) -> onn
     op = draw(_OPS)
     arity = draw(st.integers(min_value=1, max_value=3))
     inputs = [_mostly(draw, chaos, draw(st.sampled_from(available)), _NAMES) for _ in range(arity)]
-    outputs = [_mostly(draw, chaos, f"h{index}", st.sampled_from([f"h{index - 1}", "y", "t", "", "x", "W0"]))]
+    outputs = [
+        _mostly(
+            draw, chaos, f"h{index}", st.sampled_from([f"h{index - 1}", "y", "t", "", "x", "W0"])
+        )
+    ]
     name = _mostly(draw, chaos, f"n{index}", st.sampled_from(["", "n0", f"n{index - 1}"]))
-    node = helper.make_node(op, inputs, outputs, name=name, domain="com.example" if op == "Mystery" else "")
+    node = helper.make_node(
+        op, inputs, outputs, name=name, domain="com.example" if op == "Mystery" else ""
+    )
     if op in ("Loop", "If", "Scan"):
         attr = "then_branch" if op == "If" else "body"
         node.attribute.append(helper.make_attribute(attr, _body(op)))
         if op == "If":
             node.attribute.append(helper.make_attribute("else_branch", _body(op)))
         if op == "Scan":
-            node.attribute.append(helper.make_attribute("num_scan_inputs", draw(st.integers(-1, 2))))
+            node.attribute.append(
+                helper.make_attribute("num_scan_inputs", draw(st.integers(-1, 2)))
+            )
     elif op == "Constant":
         node.ClearField("input")
-        node.attribute.append(helper.make_attribute("value", draw(_tensors(f"const{index}", chaos))))
+        node.attribute.append(
+            helper.make_attribute("value", draw(_tensors(f"const{index}", chaos)))
+        )
     elif draw(st.booleans()):
-        attr_name = draw(st.sampled_from(["axis", "perm", "shape", "group", "transA", "kernel_shape"]))
-        value = draw(st.one_of(st.integers(-3, 3), st.lists(st.integers(-3, 3), min_size=1, max_size=3)))
+        attr_name = draw(
+            st.sampled_from(["axis", "perm", "shape", "group", "transA", "kernel_shape"])
+        )
+        value = draw(
+            st.one_of(st.integers(-3, 3), st.lists(st.integers(-3, 3), min_size=1, max_size=3))
+        )
         node.attribute.append(helper.make_attribute(attr_name, value))
     return node
 
 
 _INPUT_DIMS = st.lists(
-    st.one_of(st.integers(min_value=-1, max_value=4), st.sampled_from(["batch", "seq", "", 2**40])), max_size=3
+    st.one_of(st.integers(min_value=-1, max_value=4), st.sampled_from(["batch", "seq", "", 2**40])),
+    max_size=3,
 )
 _OPSETS = st.dictionaries(
-    st.sampled_from(["", "ai.onnx", "com.example", "ai.onnx.ml"]), st.sampled_from([1, 3, 7, 13, 17, 99]),
-    min_size=1, max_size=2,
+    st.sampled_from(["", "ai.onnx", "com.example", "ai.onnx.ml"]),
+    st.sampled_from([1, 3, 7, 13, 17, 99]),
+    min_size=1,
+    max_size=2,
 )
 
 
@@ -302,12 +358,19 @@ def _models(draw: st.DrawFn) -> onnx.ModelProto:
     chaos = draw(st.integers(min_value=0, max_value=3))
     names = draw(st.lists(st.sampled_from(["W0", "W1", "t"]), max_size=3, unique=chaos == 0))
     initializers = [draw(_tensors(name, chaos)) for name in names]
-    input_names = _mostly(draw, chaos, ["x"], st.lists(st.sampled_from(["x", "W0", "t"]), max_size=2))
+    input_names = _mostly(
+        draw, chaos, ["x"], st.lists(st.sampled_from(["x", "W0", "t"]), max_size=2)
+    )
     inputs = [
         helper.make_tensor_value_info(
             name,
             _mostly(draw, chaos, TensorProto.FLOAT, _DTYPES),
-            _mostly(draw, chaos, draw(st.sampled_from([[1, 4], ["batch", 4], [2, 2, 4]])), st.one_of(_INPUT_DIMS, st.none())),
+            _mostly(
+                draw,
+                chaos,
+                draw(st.sampled_from([[1, 4], ["batch", 4], [2, 2, 4]])),
+                st.one_of(_INPUT_DIMS, st.none()),
+            ),
         )
         for name in input_names
     ]
@@ -322,7 +385,9 @@ def _models(draw: st.DrawFn) -> onnx.ModelProto:
         for name in _mostly(draw, chaos, [last], st.lists(_NAMES, max_size=2))
     ]
     opsets = _mostly(draw, chaos, {"": 17, "com.example": 1}, _OPSETS)
-    return small_model(nodes=nodes, initializers=initializers, inputs=inputs, outputs=outputs, opsets=opsets)
+    return small_model(
+        nodes=nodes, initializers=initializers, inputs=inputs, outputs=outputs, opsets=opsets
+    )
 
 
 @FUZZ
@@ -337,12 +402,45 @@ def test_random_graphs_fail_only_with_sharderd_errors(
 # --- sidecars and configs -------------------------------------------------------------------------
 
 _KEYS = st.sampled_from(
-    ["devices", "target", "backend", "optimal_perf", "priority", "max_attempts", "gpus", "", "a.b", '"q"']
+    [
+        "devices",
+        "target",
+        "backend",
+        "optimal_perf",
+        "priority",
+        "max_attempts",
+        "gpus",
+        "",
+        "a.b",
+        '"q"',
+    ]
 )
 _TOML_VALUES = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70).map(str),
-    st.sampled_from(["0", "1", "10000", "1e9", "inf", "nan", "true", "false", '"ipu-mk2"', '"poprt"', '""',
-                     "[1, 2]", "{ a = 1 }", "1979-05-27", "0o777", "0x10", "'''x'''", "[", "{", "[[[[[[1]]]]]]"]),
+    st.sampled_from(
+        [
+            "0",
+            "1",
+            "10000",
+            "1e9",
+            "inf",
+            "nan",
+            "true",
+            "false",
+            '"ipu-mk2"',
+            '"poprt"',
+            '""',
+            "[1, 2]",
+            "{ a = 1 }",
+            "1979-05-27",
+            "0o777",
+            "0x10",
+            "'''x'''",
+            "[",
+            "{",
+            "[[[[[[1]]]]]]",
+        ]
+    ),
     st.text(max_size=12).map(repr),
     st.integers(min_value=1, max_value=3000).map(lambda n: "[" * n + "]" * n),
     st.integers(min_value=1, max_value=3000).map(lambda n: "{ a = " * n + "1" + " }" * n),
@@ -384,28 +482,45 @@ _SECTION_KEYS = {
 }
 _TARGET_KEYS = ["base", "tiles", "bytes_per_tile", "memory_bytes", "peak_flops", "name", "nope"]
 _scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**65), max_value=2**65), st.floats(),
-    st.text(max_size=8), st.sampled_from(["ipu-mk2", "auto", "half", "/tmp/x", "cpu"]),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**65), max_value=2**65),
+    st.floats(),
+    st.text(max_size=8),
+    st.sampled_from(["ipu-mk2", "auto", "half", "/tmp/x", "cpu"]),
 )
 _values = st.recursive(
-    _scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
 )
 
 
 @st.composite
 def _config_dicts(draw: st.DrawFn) -> dict[str, Any]:
     data: dict[str, Any] = {}
-    for section in draw(st.lists(st.sampled_from([*_SECTION_KEYS, "targets", "bogus"]), max_size=3)):
+    for section in draw(
+        st.lists(st.sampled_from([*_SECTION_KEYS, "targets", "bogus"]), max_size=3)
+    ):
         if section == "targets":
             data[section] = {
-                name: draw(st.one_of(_values, st.dictionaries(st.sampled_from(_TARGET_KEYS), _values, max_size=4)))
+                name: draw(
+                    st.one_of(
+                        _values, st.dictionaries(st.sampled_from(_TARGET_KEYS), _values, max_size=4)
+                    )
+                )
                 for name in draw(st.lists(st.sampled_from(["t", "ipu-mk2", ""]), max_size=2))
             }
         elif section == "bogus":
             data[section] = draw(_values)
         else:
             data[section] = draw(
-                st.one_of(_values, st.dictionaries(st.sampled_from(_SECTION_KEYS[section]), _values, max_size=4))
+                st.one_of(
+                    _values,
+                    st.dictionaries(st.sampled_from(_SECTION_KEYS[section]), _values, max_size=4),
+                )
             )
     return data
 
@@ -426,7 +541,9 @@ def test_config_tables_fail_only_with_config_errors(data: dict[str, Any]) -> Non
 def test_the_seed_model_is_valid(base: Path) -> None:
     """The mutation seed plans, so mutations start from a model that reaches the planner."""
     model = parse_model_bytes(VALID, "seed.onnx")
-    loaded = LoadedModel(Path("seed.onnx"), model, "", len(VALID), check_external_data(model, base), 0)
+    loaded = LoadedModel(
+        Path("seed.onnx"), model, "", len(VALID), check_external_data(model, base), 0
+    )
     plan = plan_stages(analyze(loaded, PlanConfig()), TARGET, 2, safety_margin=1.15)
     assert plan.devices == 2
     assert sorted(plan.assignment.tolist()) in ([0, 0, 1], [0, 1, 1])
@@ -440,7 +557,9 @@ def _engine_crash(model: onnx.ModelProto | bytes, base: Path) -> BaseException |
     data = model if isinstance(model, bytes) else model.SerializeToString()
     try:
         parsed = parse_model_bytes(data, "bug.onnx")
-        loaded = LoadedModel(Path("bug.onnx"), parsed, "", len(data), check_external_data(parsed, base), 0)
+        loaded = LoadedModel(
+            Path("bug.onnx"), parsed, "", len(data), check_external_data(parsed, base), 0
+        )
         plan_stages(analyze(loaded, PlanConfig()), TARGET, 2, safety_margin=1.15)
     except SharderdError:
         return None
@@ -450,7 +569,13 @@ def _engine_crash(model: onnx.ModelProto | bytes, base: Path) -> BaseException |
 
 
 def _with_constant(dims: list[int]) -> onnx.ModelProto:
-    const = helper.make_node("Constant", [], ["c"], name="const", value=TensorProto(name="c", dims=dims, data_type=TensorProto.FLOAT))
+    const = helper.make_node(
+        "Constant",
+        [],
+        ["c"],
+        name="const",
+        value=TensorProto(name="c", dims=dims, data_type=TensorProto.FLOAT),
+    )
     nodes = [
         const,
         helper.make_node("MatMul", ["x", "W0"], ["h0"], name="mm0"),
@@ -462,7 +587,9 @@ def _with_constant(dims: list[int]) -> onnx.ModelProto:
 
 def _with_int64_scalar(**data: Any) -> onnx.ModelProto:
     model = small_model()
-    model.graph.initializer.append(TensorProto(name="M", dims=[], data_type=TensorProto.INT64, **data))
+    model.graph.initializer.append(
+        TensorProto(name="M", dims=[], data_type=TensorProto.INT64, **data)
+    )
     return model
 
 

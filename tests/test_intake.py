@@ -96,16 +96,39 @@ class TestScan:
         write(inbox / "b" / "weights.bin", b"w" * 100)
         write(inbox / "b" / "sharderd.toml", b"")
         write(inbox / "C.ONNX")
-        for stray in (".hidden.onnx", "x.onnx.part", "y.onnx.tmp", "z.onnx~", "notes.txt", "lonely.toml"):
+        for stray in (
+            ".hidden.onnx",
+            "x.onnx.part",
+            "y.onnx.tmp",
+            "z.onnx~",
+            "notes.txt",
+            "lonely.toml",
+        ):
             write(inbox / stray)
         (inbox / "empty").mkdir()
         write(inbox / "nomodel" / "weights.bin")
         found = {c.name: c for c in scan_inbox(inbox)}
         assert sorted(found) == ["C", "a", "b"]
         a, b = found["a"], found["b"]
-        assert (a.kind, a.path, a.model, a.sidecar, a.problem) == ("file", inbox / "a.onnx", inbox / "a.onnx", inbox / "a.toml", None)
-        assert (b.kind, b.model, b.sidecar, b.problem) == ("dir", inbox / "b" / "model.onnx", inbox / "b" / "sharderd.toml", None)
-        assert [s.rel for s in b.signature] == ["b", "b/model.onnx", "b/sharderd.toml", "b/weights.bin"]
+        assert (a.kind, a.path, a.model, a.sidecar, a.problem) == (
+            "file",
+            inbox / "a.onnx",
+            inbox / "a.onnx",
+            inbox / "a.toml",
+            None,
+        )
+        assert (b.kind, b.model, b.sidecar, b.problem) == (
+            "dir",
+            inbox / "b" / "model.onnx",
+            inbox / "b" / "sharderd.toml",
+            None,
+        )
+        assert [s.rel for s in b.signature] == [
+            "b",
+            "b/model.onnx",
+            "b/sharderd.toml",
+            "b/weights.bin",
+        ]
         assert [s.rel for s in a.signature] == ["a.onnx", "a.toml"]
 
     def test_folder_signature_sees_inner_growth(self, inbox: Path) -> None:
@@ -135,7 +158,9 @@ class TestScan:
         assert c.problem is not None and "symbolic link" in c.problem
         assert c.signature[0].inode == os.lstat(inbox / "x.onnx").st_ino != target.stat().st_ino
 
-    def test_symlinked_folder_is_a_bad_job_other_links_ignored(self, inbox: Path, tmp_path: Path) -> None:
+    def test_symlinked_folder_is_a_bad_job_other_links_ignored(
+        self, inbox: Path, tmp_path: Path
+    ) -> None:
         """A suffix-less link (folder form) is a bad job; a link named like a non-job is ignored."""
         (tmp_path / "real").mkdir()
         write(tmp_path / "real" / "m.onnx")
@@ -159,7 +184,9 @@ class TestScan:
         assert c.problem == "the model p.onnx is not a regular file"
 
 
-def cand(size: int = 1, *, ctime: int = 10, mtime: int = 10, path: str = "/inbox/a.onnx") -> Candidate:
+def cand(
+    size: int = 1, *, ctime: int = 10, mtime: int = 10, path: str = "/inbox/a.onnx"
+) -> Candidate:
     p = Path(path)
     return Candidate(p.stem, p, "file", p, None, (FileStat(p.name, size, mtime, ctime, 7),))
 
@@ -251,7 +278,9 @@ class TestSettler:
 class TestRenameWatch:
     """``IN_MOVED_TO`` names exactly the entries renamed in, from inside the inbox or outside it."""
 
-    def test_part_pair_and_outside_rename_and_folder_are_renames(self, inbox: Path, tmp_path: Path) -> None:
+    def test_part_pair_and_outside_rename_and_folder_are_renames(
+        self, inbox: Path, tmp_path: Path
+    ) -> None:
         """The systemd README's recipe (``.x.onnx.part`` then ``mv``), a ``mv`` from another folder
         and a folder renamed in are all reported, each in the same clock tick as its last write."""
         outside = tmp_path / "staging"
@@ -276,10 +305,14 @@ class TestRenameWatch:
 
     def test_parse_events_reads_names_overflow_and_ignored(self) -> None:
         """The raw ``struct inotify_event`` stream: padded names, overflow and a removed watch."""
+
         def event(mask: int, name: bytes = b"") -> bytes:
             padded = name + b"\0" * (-len(name) % 16 or (16 if name else 0))
             return struct.pack("iIII", 1, mask, 0, len(padded)) + padded
-        data = event(0x80, b"x.onnx") + event(0x100, b"created.onnx") + event(0x4000) + event(0x8000)
+
+        data = (
+            event(0x80, b"x.onnx") + event(0x100, b"created.onnx") + event(0x4000) + event(0x8000)
+        )
         assert parse_events(data) == (["x.onnx"], True, True)
 
 
@@ -291,7 +324,11 @@ class TestClaim:
         [c] = scan_inbox(inbox)
         job = claim(c, processing, "J1")
         assert job is not None
-        assert (job.job_dir, job.model, job.sidecar) == (processing / "J1", processing / "J1" / "a.onnx", processing / "J1" / "a.toml")
+        assert (job.job_dir, job.model, job.sidecar) == (
+            processing / "J1",
+            processing / "J1" / "a.onnx",
+            processing / "J1" / "a.toml",
+        )
         assert job.model.read_bytes() == b"model-bytes"
         assert job.sidecar.read_text() == "devices = 4\n"
         assert list(inbox.iterdir()) == []
@@ -331,8 +368,13 @@ class TestClaim:
         )
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         procs = [
-            subprocess.Popen([sys.executable, "-c", script, str(inbox), str(tmp_path / f"proc{k}")],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            subprocess.Popen(
+                [sys.executable, "-c", script, str(inbox), str(tmp_path / f"proc{k}")],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
             for k in range(2)
         ]
         for p in procs:

@@ -32,11 +32,16 @@ class TestRecords:
         """A record reads back equal; ``created`` is kept and ``updated`` moves on rewrite."""
         clock = Clock()
         journal = Journal(tmp_path, now=clock)
-        first = journal.record(JobRecord("J1", "bert", "claimed", sha256=SHA_A, error={"reason": "x"}))
+        first = journal.record(
+            JobRecord("J1", "bert", "claimed", sha256=SHA_A, error={"reason": "x"})
+        )
         clock.t += 60
         second = journal.record(JobRecord(**{**_fields(first), "state": "compiling"}))
         assert journal.get("J1") == second
-        assert (first.created, second.created) == ("2023-11-14T22:13:20.000Z", "2023-11-14T22:13:20.000Z")
+        assert (first.created, second.created) == (
+            "2023-11-14T22:13:20.000Z",
+            "2023-11-14T22:13:20.000Z",
+        )
         assert second.updated == "2023-11-14T22:14:20.000Z"
         assert json.loads((tmp_path / "journal" / "J1.json").read_text())["state"] == "compiling"
 
@@ -64,7 +69,9 @@ class TestRecords:
         journal = Journal(tmp_path)
         journal.record(JobRecord("J2", "ok", "claimed"))
         (tmp_path / "journal" / "J1.json").write_text("{not json")
-        (tmp_path / "journal" / "J3.json").write_text('{"job_id": "J3", "name": "x", "state": "exploded"}')
+        (tmp_path / "journal" / "J3.json").write_text(
+            '{"job_id": "J3", "name": "x", "state": "exploded"}'
+        )
         bad: list[str] = []
         assert list(journal.load_all(on_corrupt=lambda p, _why: bad.append(p.name))) == ["J2"]
         assert bad == ["J1.json", "J3.json"]
@@ -78,8 +85,12 @@ class TestRecords:
             "j.record(JobRecord('J1', 'm', 'claimed')); print('go', flush=True)\n"
             "for i in range(10**9): j.record(JobRecord('J1', 'm', 'compiling', attempts=i, error=big))\n"
         )
-        proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE,
-                                text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        proc = subprocess.Popen(
+            [sys.executable, "-c", script, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "go"
         while proc.poll() is None and len(list((tmp_path / "journal").iterdir())) < 2:
             pass  # until a temp file exists: the kill lands mid-write
@@ -154,7 +165,11 @@ class TestRecover:
         (tmp_dir_for(outbox, "J1") / "half.onnx").write_bytes(b"partial")
 
         report = recover(state, outbox, max_attempts=8)
-        assert [(j.job_id, j.name) for j in report.resume] == [("J1", "resume_me"), ("J4", "unrecorded"), ("J6", "patient")]
+        assert [(j.job_id, j.name) for j in report.resume] == [
+            ("J1", "resume_me"),
+            ("J4", "unrecorded"),
+            ("J6", "patient"),
+        ]
         assert [j.job_id for j in report.to_fail] == ["J2"]
         assert [(j.job_id, j.result) for j in report.finish] == [("J3", None), ("J5", result)]
         assert [r.job_id for r in report.stale] == ["J8"]

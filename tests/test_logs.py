@@ -117,7 +117,9 @@ class TestRegistry:
         with pytest.raises(UnregisteredEventError, match=r"job\.exploded"):
             get_logger("sharderd.test").info("job.exploded")
 
-    def test_unregistered_event_is_tagged_in_production(self, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_unregistered_event_is_tagged_in_production(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         """By default an unknown name is still logged, tagged ``unregistered``."""
         configure_logging(json=True)
         get_logger("sharderd.test").warning("job.exploded")
@@ -126,8 +128,13 @@ class TestRegistry:
 
     def test_check_event_direct(self) -> None:
         """The processor passes registered names through untouched."""
-        assert CheckEvent(strict=True)(None, "info", {"event": "job.failed"}) == {"event": "job.failed"}
-        assert CheckEvent()(None, "info", {"event": "nope"}) == {"event": "nope", "unregistered": True}
+        assert CheckEvent(strict=True)(None, "info", {"event": "job.failed"}) == {
+            "event": "job.failed"
+        }
+        assert CheckEvent()(None, "info", {"event": "nope"}) == {
+            "event": "nope",
+            "unregistered": True,
+        }
 
     def test_event_names_are_noun_verb(self) -> None:
         """Every registered name is ``noun.verb`` in lower case."""
@@ -138,10 +145,15 @@ class TestRegistry:
         used: dict[str, str] = {}
         for path in PACKAGE.rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                        and node.func.attr in LOG_METHODS and _is_logger(node.func.value)
-                        and node.args and isinstance(node.args[0], ast.Constant)
-                        and isinstance(node.args[0].value, str)):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in LOG_METHODS
+                    and _is_logger(node.func.value)
+                    and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)
+                ):
                     used[node.args[0].value] = f"{path.relative_to(PACKAGE)}:{node.lineno}"
         assert "notify.failed" in used  # the scan sees real call sites
         unknown = {name: where for name, where in used.items() if name not in EVENTS}
@@ -150,9 +162,19 @@ class TestRegistry:
 
 def _is_logger(node: ast.expr) -> bool:
     """``log``, ``_log``, ``logger``, ``self.log``... and ``<those>.bind(...)``."""
-    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in {"bind", "new"}:
+    while (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in {"bind", "new"}
+    ):
         node = node.func.value
-    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    name = (
+        node.attr
+        if isinstance(node, ast.Attribute)
+        else node.id
+        if isinstance(node, ast.Name)
+        else ""
+    )
     return re.fullmatch(r"_?(log|logger|blog)", name, re.IGNORECASE) is not None
 
 
@@ -164,11 +186,15 @@ class TestTruncate:
 
     def test_long_string_is_cut_to_fit(self) -> None:
         """A field far over the limit is shortened so the whole event renders within it."""
-        event = Truncate(1000)(None, "error", {"event": "job.failed", "ts": "t", "stderr": "é\"" * 5000})
+        event = Truncate(1000)(
+            None, "error", {"event": "job.failed", "ts": "t", "stderr": 'é"' * 5000}
+        )
         rendered = json.dumps(event)
         assert len(rendered) <= 1000
         assert event["truncated"] is True
-        assert event["stderr"].startswith("é\"é\"") and "truncated from 10000 chars" in event["stderr"]
+        assert (
+            event["stderr"].startswith('é"é"') and "truncated from 10000 chars" in event["stderr"]
+        )
 
     def test_nested_value_becomes_text(self) -> None:
         """A structured field (a traceback) that must shrink is kept as cut JSON text."""

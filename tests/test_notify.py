@@ -60,8 +60,9 @@ def test_path_socket_receives_every_message(path_socket: tuple[str, socket.socke
     notifier.close()
 
 
-def test_abstract_socket_from_environment(abstract_socket: tuple[str, socket.socket],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_abstract_socket_from_environment(
+    abstract_socket: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``NOTIFY_SOCKET=@name`` addresses the abstract namespace."""
     address, sock = abstract_socket
     monkeypatch.setenv("NOTIFY_SOCKET", address)
@@ -120,7 +121,19 @@ def test_watchdog_interval(env: dict[str, str], expected: float | None) -> None:
 
 def test_child_env_strips_systemd_variables() -> None:
     """An attempt subprocess started with ``child_env`` sees no NOTIFY_SOCKET / WATCHDOG_*."""
-    env = {**os.environ, "NOTIFY_SOCKET": "@x", "WATCHDOG_USEC": "1", "WATCHDOG_PID": "1", "KEEP": "yes"}
+    env = {
+        **os.environ,
+        "NOTIFY_SOCKET": "@x",
+        "WATCHDOG_USEC": "1",
+        "WATCHDOG_PID": "1",
+        "KEEP": "yes",
+    }
     script = "import os, json; print(json.dumps(sorted(k for k in os.environ if k in {'NOTIFY_SOCKET', 'WATCHDOG_USEC', 'WATCHDOG_PID', 'KEEP'})))"
-    out = subprocess.run([sys.executable, "-c", script], env=child_env(env), capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=child_env(env),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == '["KEEP"]'

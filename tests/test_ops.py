@@ -42,7 +42,9 @@ from sharderd.config import load_config
 from sharderd.daemon.metrics import ATTEMPT_BUCKETS_S, AttemptStats, DaemonFigures, render_metrics
 from sharderd.isotime import iso_time
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the daemon reads /proc and uses inotify")
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux", reason="the daemon reads /proc and uses inotify"
+)
 
 
 @pytest.fixture
@@ -66,8 +68,14 @@ def staged(root: Path, name: str, seed: int = 0) -> Path:
 
 
 def poprt_config(root: Path, **daemon: Any) -> Path:
-    return write_config(root, backend="poprt", target="ipu-mk2", max_parallel_compiles=2,
-                        metrics_textfile=root / "metrics" / "sharderd.prom", **daemon)
+    return write_config(
+        root,
+        backend="poprt",
+        target="ipu-mk2",
+        max_parallel_compiles=2,
+        metrics_textfile=root / "metrics" / "sharderd.prom",
+        **daemon,
+    )
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -82,7 +90,9 @@ def status_file(root: Path) -> dict[str, Any]:
     return json.loads((root / "run" / "status.json").read_text())
 
 
-def wait_status(daemon: DaemonProcess, root: Path, what: str, check: Any, timeout: float = 20.0) -> dict[str, Any]:
+def wait_status(
+    daemon: DaemonProcess, root: Path, what: str, check: Any, timeout: float = 20.0
+) -> dict[str, Any]:
     """Read until ``status.json`` satisfies ``check`` (the daemon rewrites it within 0.5 s of a change)."""
     seen: dict[str, Any] = {}
 
@@ -160,8 +170,11 @@ def parse_exposition(text: str) -> dict[str, Family]:
             name, labels_text = match["name"], match["labels"] or ""
             assert current is not None, f"sample before any TYPE, {where}"
             family = families[current]
-            allowed = {current} | ({f"{current}_bucket", f"{current}_sum", f"{current}_count"}
-                                   if family.kind == "histogram" else set())
+            allowed = {current} | (
+                {f"{current}_bucket", f"{current}_sum", f"{current}_count"}
+                if family.kind == "histogram"
+                else set()
+            )
             assert name in allowed, f"{name} is outside family {current}, {where}"
             if family.kind == "counter":
                 assert name.endswith("_total"), f"a counter's samples end in _total, {where}"
@@ -179,8 +192,13 @@ def parse_exposition(text: str) -> dict[str, Family]:
 
 
 def check_histogram(name: str, family: Family) -> None:
-    buckets = sorted(((float(dict(labels)["le"]), value) for (sample, labels), value in family.samples.items()
-                      if sample == f"{name}_bucket"))
+    buckets = sorted(
+        (
+            (float(dict(labels)["le"]), value)
+            for (sample, labels), value in family.samples.items()
+            if sample == f"{name}_bucket"
+        )
+    )
     assert buckets and buckets[-1][0] == math.inf, f"{name} has no +Inf bucket"
     counts = [count for _, count in buckets]
     assert counts == sorted(counts), f"{name}: buckets are not cumulative: {buckets}"
@@ -193,12 +211,17 @@ def read_metrics(path: Path) -> dict[str, Family]:
     families = parse_exposition(text)
     promtool = shutil.which("promtool")
     if promtool:
-        checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
+        checked = subprocess.run(
+            [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+        )
         assert checked.returncode == 0, checked.stdout + checked.stderr
     with contextlib.suppress(ImportError):
         from prometheus_client.parser import text_string_to_metric_families
 
-        assert {f.name for f in text_string_to_metric_families(text)} >= {"sharderd_jobs", "sharderd_up"}
+        assert {f.name for f in text_string_to_metric_families(text)} >= {
+            "sharderd_jobs",
+            "sharderd_up",
+        }
     return families
 
 
@@ -207,10 +230,21 @@ def read_metrics(path: Path) -> dict[str, Family]:
 
 def figures(stats: AttemptStats, **overrides: Any) -> DaemonFigures:
     values: dict[str, Any] = {
-        "version": __version__, "up": True, "start_time": 1_700_000_000.0, "now": 1_700_000_100.5,
-        "jobs": {"succeeded": 3, "failed": 1}, "attempts": dict(stats.outcomes),
-        "cumulative_buckets": stats.cumulative(), "duration_sum_s": stats.seconds, "duration_count": stats.count,
-        "pending": 4, "processing": 2, "pool_busy": 2, "pool_waiting": 1, "pool_slots": 2, "last_success": None,
+        "version": __version__,
+        "up": True,
+        "start_time": 1_700_000_000.0,
+        "now": 1_700_000_100.5,
+        "jobs": {"succeeded": 3, "failed": 1},
+        "attempts": dict(stats.outcomes),
+        "cumulative_buckets": stats.cumulative(),
+        "duration_sum_s": stats.seconds,
+        "duration_count": stats.count,
+        "pending": 4,
+        "processing": 2,
+        "pool_busy": 2,
+        "pool_waiting": 1,
+        "pool_slots": 2,
+        "last_success": None,
     }
     return DaemonFigures(**{**values, **overrides})
 
@@ -218,12 +252,22 @@ def figures(stats: AttemptStats, **overrides: Any) -> DaemonFigures:
 def test_histogram_buckets_are_cumulative_and_bounds_inclusive() -> None:
     """Durations land in the first bucket whose bound they do not exceed; exported counts accumulate."""
     stats = AttemptStats()
-    for outcome, seconds in (("ok", 0.5), ("ok", 1.0), ("oom", 3.0), ("timeout", 7200.0), ("crashed", 9000.0)):
+    for outcome, seconds in (
+        ("ok", 0.5),
+        ("ok", 1.0),
+        ("oom", 3.0),
+        ("timeout", 7200.0),
+        ("crashed", 9000.0),
+    ):
         stats.observe(outcome, seconds)
     stats.cancelled(2)
     families = parse_exposition(render_metrics(figures(stats)))
     hist = families["sharderd_attempt_duration_seconds"]
-    bucket = {dict(labels)["le"]: value for (name, labels), value in hist.samples.items() if name.endswith("_bucket")}
+    bucket = {
+        dict(labels)["le"]: value
+        for (name, labels), value in hist.samples.items()
+        if name.endswith("_bucket")
+    }
     assert bucket["1"] == 2 and bucket["5"] == 3 and bucket["3600"] == 3 and bucket["7200"] == 4
     assert bucket["+Inf"] == 5 and len(bucket) == len(ATTEMPT_BUCKETS_S) + 1
     assert hist.value("sharderd_attempt_duration_seconds_sum") == pytest.approx(16204.5)
@@ -233,15 +277,25 @@ def test_histogram_buckets_are_cumulative_and_bounds_inclusive() -> None:
     jobs = families["sharderd_jobs_total"]
     assert jobs.value("sharderd_jobs_total", outcome="succeeded") == 3
     assert jobs.value("sharderd_jobs_total", outcome="cancelled") == 0
-    assert families["sharderd_last_success_timestamp_seconds"].value("sharderd_last_success_timestamp_seconds") == 0
-    assert families["sharderd_heartbeat_timestamp_seconds"].value("sharderd_heartbeat_timestamp_seconds") == 1_700_000_100.5
+    assert (
+        families["sharderd_last_success_timestamp_seconds"].value(
+            "sharderd_last_success_timestamp_seconds"
+        )
+        == 0
+    )
+    assert (
+        families["sharderd_heartbeat_timestamp_seconds"].value(
+            "sharderd_heartbeat_timestamp_seconds"
+        )
+        == 1_700_000_100.5
+    )
     info = families["sharderd_build_info"]
     assert [dict(labels)["version"] for _, labels in info.samples] == [__version__]
 
 
 def test_label_values_are_escaped() -> None:
     """A backslash, quote or newline in a label value is escaped, so the exposition stays parseable."""
-    text = render_metrics(figures(AttemptStats(), version='1.0"\\\nx', jobs={"odd\"one": 1}))
+    text = render_metrics(figures(AttemptStats(), version='1.0"\\\nx', jobs={'odd"one': 1}))
     families = parse_exposition(text)
     assert 'version="1.0\\"\\\\\\nx"' in text
     assert families["sharderd_jobs_total"].value("sharderd_jobs_total", outcome='odd\\"one') == 1
@@ -250,8 +304,9 @@ def test_label_values_are_escaped() -> None:
 # --- status ---------------------------------------------------------------------------------------
 
 
-def test_status_shows_the_compiling_job_in_text_and_json(root: Path, capsys: pytest.CaptureFixture[str],
-                                                         strict_umask: None) -> None:
+def test_status_shows_the_compiling_job_in_text_and_json(
+    root: Path, capsys: pytest.CaptureFixture[str], strict_umask: None
+) -> None:
     """A compiling job shows with its stage and attempts; --json parses; files are 0644 under UMask=0027."""
     config = poprt_config(root)
     (root / "metrics").mkdir()
@@ -259,8 +314,14 @@ def test_status_shows_the_compiling_job_in_text_and_json(root: Path, capsys: pyt
         drop(staged(root, "slowpoke"), root / "inbox")
         job_id = daemon.wait_for("attempt.started")[0]["job_id"]
         # The stage and the pool count are written in separate updates: wait for both.
-        wait_status(daemon, root, "the job compiling on a busy slot",
-                    lambda s: s["running"] and s["running"][0]["stage"] == "compiling" and s["pool"]["busy"] == 1)
+        wait_status(
+            daemon,
+            root,
+            "the job compiling on a busy slot",
+            lambda s: (
+                s["running"] and s["running"][0]["stage"] == "compiling" and s["pool"]["busy"] == 1
+            ),
+        )
         code, out, _ = cli(capsys, "status", "--config", str(config))
         assert code == 0, out
         assert out.startswith(f"sharderd {__version__} is up: pid {daemon.pid}, ready since ")
@@ -273,14 +334,23 @@ def test_status_shows_the_compiling_job_in_text_and_json(root: Path, capsys: pyt
         assert code == 0 and report["up"] is True and report["problem"] is None
         assert 0 <= report["heartbeat_age_s"] < 15
         job = report["daemon"]["running"][0]
-        assert (job["job_id"], job["name"], job["stage"], job["attempts"]) == (job_id, "slowpoke", "compiling", 1)
+        assert (job["job_id"], job["name"], job["stage"], job["attempts"]) == (
+            job_id,
+            "slowpoke",
+            "compiling",
+            1,
+        )
         assert report["daemon"]["pool"] == {"busy": 1, "waiting": 0, "max_parallel": 2}
         for path in (root / "run" / "status.json", root / "metrics" / "sharderd.prom"):
             assert path.stat().st_mode & 0o777 == 0o644, path
-        assert not [p for p in (root / "metrics").iterdir() if p.name != "sharderd.prom"]  # no temp left
+        assert not [
+            p for p in (root / "metrics").iterdir() if p.name != "sharderd.prom"
+        ]  # no temp left
 
 
-def test_status_after_kill_9_is_stale_and_exits_1(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_after_kill_9_is_stale_and_exits_1(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Once the daemon is SIGKILLed, status says stale (its pid is gone) and exits 1, in text and JSON."""
     config = write_config(root)
     daemon = DaemonProcess(config)
@@ -305,9 +375,13 @@ def test_status_after_kill_9_is_stale_and_exits_1(root: Path, capsys: pytest.Cap
 def stand_in(argv0: str) -> Iterator[int]:
     """A live process whose command line holds ``argv0`` (a hung daemon, or a recycled pid)."""
     code = "import sys; print('up', flush=True); sys.stdin.read()"
-    proc = subprocess.Popen([sys.executable, "-c", code, argv0], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, argv0], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # exec'd: its cmdline is ours
+        assert (
+            proc.stdout is not None and proc.stdout.readline() == b"up\n"
+        )  # exec'd: its cmdline is ours
         yield proc.pid
     finally:
         proc.kill()
@@ -320,10 +394,19 @@ def stand_in(argv0: str) -> Iterator[int]:
 def fake_status(root: Path, **fields: Any) -> Path:
     """A config whose runtime folder holds a ``status.json`` with these fields."""
     now = time.time()
-    report = {"pid": 0, "version": __version__, "state": "ready", "since": iso_time(now - 3600),
-              "heartbeat": iso_time(now), "heartbeat_interval_s": 15.0,
-              "queue": {"pending": 0, "running": 0}, "running": [], "pending_jobs": [],
-              "pool": {"busy": 0, "waiting": 0, "max_parallel": 2}, **fields}
+    report = {
+        "pid": 0,
+        "version": __version__,
+        "state": "ready",
+        "since": iso_time(now - 3600),
+        "heartbeat": iso_time(now),
+        "heartbeat_interval_s": 15.0,
+        "queue": {"pending": 0, "running": 0},
+        "running": [],
+        "pending_jobs": [],
+        "pool": {"busy": 0, "waiting": 0, "max_parallel": 2},
+        **fields,
+    }
     if isinstance(report["heartbeat"], float):
         report["heartbeat"] = iso_time(report["heartbeat"])
     (root / "run").mkdir(parents=True, exist_ok=True)
@@ -340,11 +423,17 @@ def test_status_verdicts_without_a_daemon(root: Path, capsys: pytest.CaptureFixt
         fresh = read_status(load_config(fake_status(root, pid=pid)))
         assert fresh.up and fresh.problem is None
         hung = read_status(load_config(fake_status(root, pid=pid, heartbeat=time.time() - 31)))
-        assert not hung.up and hung.problem and "stuck" in hung.problem and "31 s ago" in hung.problem
+        assert (
+            not hung.up and hung.problem and "stuck" in hung.problem and "31 s ago" in hung.problem
+        )
     with stand_in("something-else") as pid:
         recycled = read_status(load_config(fake_status(root, pid=pid)))
-        assert not recycled.up and re.fullmatch(rf"stale: pid {pid} is gone; last heartbeat \d+ s ago", recycled.problem or "")
-    code, out, _ = cli(capsys, "status", "--config", str(fake_status(root, pid=os.getpid(), state="stopped")))
+        assert not recycled.up and re.fullmatch(
+            rf"stale: pid {pid} is gone; last heartbeat \d+ s ago", recycled.problem or ""
+        )
+    code, out, _ = cli(
+        capsys, "status", "--config", str(fake_status(root, pid=os.getpid(), state="stopped"))
+    )
     assert code == 1 and "stopped: the daemon" in out
 
 
@@ -361,7 +450,12 @@ def test_metrics_textfile_parses_and_its_counters_move(root: Path) -> None:
         before = read_metrics(prom)
         assert before["sharderd_up"].value("sharderd_up") == 1
         assert before["sharderd_jobs_total"].value("sharderd_jobs_total", outcome="succeeded") == 0
-        assert before["sharderd_attempt_duration_seconds"].value("sharderd_attempt_duration_seconds_count") == 0
+        assert (
+            before["sharderd_attempt_duration_seconds"].value(
+                "sharderd_attempt_duration_seconds_count"
+            )
+            == 0
+        )
         assert before["sharderd_pool_slots"].value("sharderd_pool_slots") == 2
         started = time.time()
         for k, name in enumerate(("one", "two")):
@@ -377,11 +471,22 @@ def test_metrics_textfile_parses_and_its_counters_move(root: Path) -> None:
 
         daemon.wait_until(moved, 10, "the metrics to count both jobs")
         after = read_metrics(prom)
-        assert after["sharderd_attempts_total"].value("sharderd_attempts_total", outcome="ok") == ok >= 2
+        assert (
+            after["sharderd_attempts_total"].value("sharderd_attempts_total", outcome="ok")
+            == ok
+            >= 2
+        )
         hist = after["sharderd_attempt_duration_seconds"]
-        assert hist.value("sharderd_attempt_duration_seconds_count") == len(daemon.events("attempt.finished"))
+        assert hist.value("sharderd_attempt_duration_seconds_count") == len(
+            daemon.events("attempt.finished")
+        )
         assert hist.value("sharderd_attempt_duration_seconds_bucket", le="+Inf") >= 2
-        assert after["sharderd_last_success_timestamp_seconds"].value("sharderd_last_success_timestamp_seconds") >= started
+        assert (
+            after["sharderd_last_success_timestamp_seconds"].value(
+                "sharderd_last_success_timestamp_seconds"
+            )
+            >= started
+        )
         assert after["sharderd_queue_depth"].value("sharderd_queue_depth", state="processing") == 0
         assert after["sharderd_pool_busy_slots"].value("sharderd_pool_busy_slots") == 0
         assert daemon.stop() == 0
@@ -414,7 +519,9 @@ def test_metrics_port_serves_the_exposition_on_localhost(root: Path) -> None:
 # --- retry ----------------------------------------------------------------------------------------
 
 
-def test_retry_brings_a_failed_job_back_and_it_runs_again(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_retry_brings_a_failed_job_back_and_it_runs_again(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A job failed by its sidecar, fixed in failed/ and retried, runs again with the fixed sidecar."""
     config = write_config(root)
     staged(root, "fixme")
@@ -425,12 +532,19 @@ def test_retry_brings_a_failed_job_back_and_it_runs_again(root: Path, capsys: py
         first = daemon.wait_for("job.failed", name="fixme")[0]
         assert first["reason"] == "bad_config"
         failed = root / "state" / "failed" / "fixme"
-        assert sorted(p.name for p in failed.iterdir()) == ["error.json", "error.md", "fixme.onnx", "fixme.toml"]
+        assert sorted(p.name for p in failed.iterdir()) == [
+            "error.json",
+            "error.md",
+            "fixme.onnx",
+            "fixme.toml",
+        ]
         (failed / "fixme.toml").write_text("devices = 3\n")
 
         code, _, err = cli(capsys, "retry", "nothere", "--config", str(config))
         assert code == 2 and "no failed job named 'nothere'" in err and "Failed jobs: fixme." in err
-        (root / "inbox" / "fixme.toml").write_text("devices = 4\n")  # somebody else's sidecar of that name
+        (root / "inbox" / "fixme.toml").write_text(
+            "devices = 4\n"
+        )  # somebody else's sidecar of that name
         code, _, err = cli(capsys, "retry", "fixme", "--config", str(config))
         assert code == 2 and "the inbox already has fixme.toml" in err
         assert (failed / "fixme.onnx").is_file()  # nothing moved
@@ -449,18 +563,26 @@ def test_retry_brings_a_failed_job_back_and_it_runs_again(root: Path, capsys: py
 
 
 def test_cancel_kills_the_running_attempt_and_files_the_job_as_cancelled(
-        root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``sharderd cancel`` kills the compiling attempt's whole group; the job lands in failed/ as cancelled."""
     config = poprt_config(root)
     (root / "metrics").mkdir()
     with running(config, fake_poprt=True, env={"FAKE_POPRT_COMPILE_SECONDS": "30"}) as daemon:
         drop(staged(root, "victim"), root / "inbox")
         job_id = daemon.wait_for("attempt.started")[0]["job_id"]
-        wait_status(daemon, root, "the job compiling", lambda s: s["running"] and s["running"][0]["stage"] == "compiling")
+        wait_status(
+            daemon,
+            root,
+            "the job compiling",
+            lambda s: s["running"] and s["running"][0]["stage"] == "compiling",
+        )
         groups = process_groups(marked_processes(daemon.token)) - process_groups([daemon.pid])
         assert groups and live_in_groups(groups)  # the attempt (and the planning worker) run
 
-        code, _, err = cli(capsys, "cancel", "20990101T000000000Z-deadbeef", "--config", str(config))
+        code, _, err = cli(
+            capsys, "cancel", "20990101T000000000Z-deadbeef", "--config", str(config)
+        )
         assert code == 2 and "unknown job id 20990101T000000000Z-deadbeef" in err
         asked = time.monotonic()
         code, out, _ = cli(capsys, "cancel", job_id, "--config", str(config))
@@ -481,23 +603,43 @@ def test_cancel_kills_the_running_attempt_and_files_the_job_as_cancelled(
 
         code, out, _ = cli(capsys, "cancel", job_id, "--config", str(config))
         assert code == 1  # already finished
-        status = wait_status(daemon, root, "the cancel counted", lambda s: s["last_24h"]["cancelled"] == 1)
+        status = wait_status(
+            daemon, root, "the cancel counted", lambda s: s["last_24h"]["cancelled"] == 1
+        )
         assert status["running"] == [] and status["pool"]["busy"] == 0
-        daemon.wait_until(lambda: read_metrics(root / "metrics" / "sharderd.prom")["sharderd_jobs_total"].value(
-            "sharderd_jobs_total", outcome="cancelled") == 1, 5, "the metrics to count the cancel")
+        daemon.wait_until(
+            lambda: (
+                read_metrics(root / "metrics" / "sharderd.prom")["sharderd_jobs_total"].value(
+                    "sharderd_jobs_total", outcome="cancelled"
+                )
+                == 1
+            ),
+            5,
+            "the metrics to count the cancel",
+        )
         metrics = read_metrics(root / "metrics" / "sharderd.prom")
-        assert metrics["sharderd_attempts_total"].value("sharderd_attempts_total", outcome="cancelled") >= 1
+        assert (
+            metrics["sharderd_attempts_total"].value("sharderd_attempts_total", outcome="cancelled")
+            >= 1
+        )
 
 
-def test_cancel_files_cancel_pending_jobs_by_name_and_by_id(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cancel_files_cancel_pending_jobs_by_name_and_by_id(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``<name>.cancel`` and ``sharderd cancel`` of a pending id both file the unclaimed job as cancelled;
     a ``.cancel`` matching nothing is removed and logged."""
     config = write_config(root, settle_seconds=60.0)
     inbox = root / "inbox"
     with running(config) as daemon:
-        for name in ("early", "late"):  # written in place: they settle for a minute, so stay pending
+        for name in (
+            "early",
+            "late",
+        ):  # written in place: they settle for a minute, so stay pending
             (inbox / f"{name}.onnx").write_bytes(staged(root, name, seed=len(name)).read_bytes())
-        status = wait_status(daemon, root, "two pending jobs", lambda s: len(s["pending_jobs"]) == 2)
+        status = wait_status(
+            daemon, root, "two pending jobs", lambda s: len(s["pending_jobs"]) == 2
+        )
         ids = {job["name"]: job["job_id"] for job in status["pending_jobs"]}
         code, out, _ = cli(capsys, "status", "--config", str(config))
         assert code == 0 and ids["late"] in out and "queue: 2 pending" in out
@@ -527,11 +669,21 @@ def test_retry_moves_a_folder_job_back_and_keeps_a_folder_with_unknown_files(roo
     job = failed / "big"
     save_model(chain_model(1, hidden=32), job / "big" / "net.onnx", external_data=True)
     (job / "big" / "sharderd.toml").write_text("devices = 3\n")
-    (job / "error.json").write_text(json.dumps({"job_id": "20250101T000000000Z-0000beef", "reason": "timeout"}))
+    (job / "error.json").write_text(
+        json.dumps({"job_id": "20250101T000000000Z-0000beef", "reason": "timeout"})
+    )
     (job / "error.md").write_text("# big: failed\n")
     (job / "notes.txt").write_text("asked the owner\n")
     result = retry_failed(failed, inbox, "big")
-    assert (result.name, result.old_job_id, result.reason) == ("big", "20250101T000000000Z-0000beef", "timeout")
+    assert (result.name, result.old_job_id, result.reason) == (
+        "big",
+        "20250101T000000000Z-0000beef",
+        "timeout",
+    )
     assert result.moved == (inbox / "big",) and result.left == job
-    assert sorted(p.name for p in (inbox / "big").iterdir()) == ["net.data", "net.onnx", "sharderd.toml"]
+    assert sorted(p.name for p in (inbox / "big").iterdir()) == [
+        "net.data",
+        "net.onnx",
+        "sharderd.toml",
+    ]
     assert sorted(p.name for p in job.iterdir()) == ["notes.txt"]

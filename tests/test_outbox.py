@@ -57,7 +57,8 @@ class TestPublish:
 
     @pytest.mark.parametrize("renameat2", [True, False], ids=["renameat2", "fallback"])
     def test_collisions_get_suffixes_and_nothing_is_replaced(
-            self, outbox: Path, renameat2: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        self, outbox: Path, renameat2: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """Taken names (a result, an empty folder, a file) are skipped: name, name-1, name-2..."""
         if not renameat2:
             monkeypatch.setattr(outbox_module, "_renameat2", None)
@@ -82,8 +83,16 @@ class TestPublish:
             "for t in tmps: publish(t, out, 'same')\n"
         )
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        procs = [subprocess.Popen([sys.executable, "-c", script, str(outbox), tag], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True, env=env) for tag in ("A", "B")]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", script, str(outbox), tag],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for tag in ("A", "B")
+        ]
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         for p in procs:
@@ -128,8 +137,13 @@ class TestFailJob:
         assert (dest / "bert.onnx").read_bytes() == b"broken"
         info = json.loads((dest / "error.json").read_text())
         assert info == {
-            "reason": "bad_model", "message": "node 3 has no name", "hint": "Pass --name-nodes or name the nodes.",
-            "exit_code": 2, "job_id": "J1", "name": "bert", "time": "2023-11-14T22:13:20.000Z",
+            "reason": "bad_model",
+            "message": "node 3 has no name",
+            "hint": "Pass --name-nodes or name the nodes.",
+            "exit_code": 2,
+            "job_id": "J1",
+            "name": "bert",
+            "time": "2023-11-14T22:13:20.000Z",
         }
         md = (dest / "error.md").read_text()
         assert "**What went wrong.** node 3 has no name" in md
@@ -141,8 +155,12 @@ class TestFailJob:
         (failed / "m").mkdir(parents=True)
         job_dir = tmp_path / "processing" / "J2"
         job_dir.mkdir(parents=True)
-        error = {"reason": "worker_crashed", "message": "the worker died", "signal": "SIGKILL",
-                 "stderr_tail": "line\n" * 2000}
+        error = {
+            "reason": "worker_crashed",
+            "message": "the worker died",
+            "signal": "SIGKILL",
+            "stderr_tail": "line\n" * 2000,
+        }
         dest = fail_job(job_dir, failed, "m", error)
         assert dest == failed / "m-1"
         info = json.loads((dest / "error.json").read_text())
@@ -168,33 +186,61 @@ class TestFolders:
         assert f"outbox {other}" in str(info.value) and f"inbox {tmp_path}" in str(info.value)
         assert "one filesystem" in str(info.value)
 
-    def test_prepare_creates_every_folder(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_prepare_creates_every_folder(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """All folders are created with dir_mode; the runtime folder follows RUNTIME_DIRECTORY."""
         monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path / "run"))
-        config = DaemonConfig(inbox=tmp_path / "in", outbox=tmp_path / "out", state_dir=tmp_path / "st", dir_mode=0o700)
+        config = DaemonConfig(
+            inbox=tmp_path / "in",
+            outbox=tmp_path / "out",
+            state_dir=tmp_path / "st",
+            dir_mode=0o700,
+        )
         dirs = prepare_dirs(config)
-        assert dirs.processing == tmp_path / "st" / "processing" and dirs.runtime == tmp_path / "run"
-        for path in (dirs.inbox, dirs.outbox, dirs.processing, dirs.failed, dirs.done, dirs.journal, dirs.index, dirs.runtime):
+        assert (
+            dirs.processing == tmp_path / "st" / "processing" and dirs.runtime == tmp_path / "run"
+        )
+        for path in (
+            dirs.inbox,
+            dirs.outbox,
+            dirs.processing,
+            dirs.failed,
+            dirs.done,
+            dirs.journal,
+            dirs.index,
+            dirs.runtime,
+        ):
             assert path.is_dir() and stat.S_IMODE(path.stat().st_mode) == 0o700
 
     def test_prepare_names_the_bad_path(self, tmp_path: Path) -> None:
         """A file where a folder should be, or a folder that cannot be created, is named."""
         (tmp_path / "in").write_text("not a folder")
-        config = DaemonConfig(inbox=tmp_path / "in", outbox=tmp_path / "out", state_dir=tmp_path / "st")
-        with pytest.raises(ConfigError, match=f"inbox {tmp_path / 'in'} exists and is not a directory"):
+        config = DaemonConfig(
+            inbox=tmp_path / "in", outbox=tmp_path / "out", state_dir=tmp_path / "st"
+        )
+        with pytest.raises(
+            ConfigError, match=f"inbox {tmp_path / 'in'} exists and is not a directory"
+        ):
             prepare_dirs(config)
-        config = DaemonConfig(inbox=tmp_path / "in" / "sub", outbox=tmp_path / "out", state_dir=tmp_path / "st")
+        config = DaemonConfig(
+            inbox=tmp_path / "in" / "sub", outbox=tmp_path / "out", state_dir=tmp_path / "st"
+        )
         with pytest.raises(ConfigError, match=f"cannot create inbox {tmp_path / 'in' / 'sub'}"):
             prepare_dirs(config)
 
     def test_prepare_refuses_missing_inbox_when_asked(self, tmp_path: Path) -> None:
         """With ``create_inbox=False`` a missing inbox is an error naming it."""
-        config = DaemonConfig(inbox=tmp_path / "in", outbox=tmp_path / "out", state_dir=tmp_path / "st")
+        config = DaemonConfig(
+            inbox=tmp_path / "in", outbox=tmp_path / "out", state_dir=tmp_path / "st"
+        )
         with pytest.raises(ConfigError, match="does not exist"):
             prepare_dirs(config, create_inbox=False)
 
     def test_prepare_refuses_nested_layout(self, tmp_path: Path) -> None:
         """An outbox inside the inbox (results re-ingested as jobs) is refused."""
-        config = DaemonConfig(inbox=tmp_path / "in", outbox=tmp_path / "in" / "out", state_dir=tmp_path / "st")
+        config = DaemonConfig(
+            inbox=tmp_path / "in", outbox=tmp_path / "in" / "out", state_dir=tmp_path / "st"
+        )
         with pytest.raises(ConfigError, match="neither inside the other"):
             prepare_dirs(config)

@@ -23,7 +23,9 @@ from sharderd.shard.annotate import annotate, check_annotation
 from sharderd.target import BUILTIN_TARGETS
 
 H = 16
-TARGET = replace(BUILTIN_TARGETS["ipu-mk2"], link_bytes_per_s=2e6, host_bytes_per_s=4e6, op_overhead_s=1e-7)
+TARGET = replace(
+    BUILTIN_TARGETS["ipu-mk2"], link_bytes_per_s=2e6, host_bytes_per_s=4e6, op_overhead_s=1e-7
+)
 
 
 @st.composite
@@ -49,15 +51,21 @@ def random_dags(draw: st.DrawFn) -> onnx.ModelProto:
         tensors.append(out)
     rng = np.random.default_rng(0)
     inits = [
-        onnx.numpy_helper.from_array(rng.standard_normal((H, H)).astype(np.float32), f"w{i}") for i in range(n_weights)
+        onnx.numpy_helper.from_array(rng.standard_normal((H, H)).astype(np.float32), f"w{i}")
+        for i in range(n_weights)
     ]
     used = {x for node in nodes for x in node.input}
     inits = [t for t in inits if t.name in used]
-    outputs = draw(st.lists(st.sampled_from(tensors[n_inputs:]), min_size=1, max_size=2, unique=True))
+    outputs = draw(
+        st.lists(st.sampled_from(tensors[n_inputs:]), min_size=1, max_size=2, unique=True)
+    )
     graph = helper.make_graph(
         nodes,
         "g",
-        [helper.make_tensor_value_info(f"in{i}", TensorProto.FLOAT, [1, H]) for i in range(n_inputs)],
+        [
+            helper.make_tensor_value_info(f"in{i}", TensorProto.FLOAT, [1, H])
+            for i in range(n_inputs)
+        ],
         [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, H]) for o in outputs],
         inits,
     )
@@ -70,7 +78,9 @@ def _loaded(model: onnx.ModelProto) -> LoadedModel:
     return LoadedModel(Path("random.onnx"), model, "0" * 64, model.ByteSize(), (), 0)
 
 
-def _brute(model: onnx.ModelProto, order: list[int], node_time: np.ndarray, k: int, cap: float, bw: float):
+def _brute(
+    model: onnx.ModelProto, order: list[int], node_time: np.ndarray, k: int, cap: float, bw: float
+):
     """Independent reference: enumerate every split of ``order`` into k stages."""
     graph = model.graph
     nodes = [graph.node[i] for i in order]
@@ -100,9 +110,16 @@ def _brute(model: onnx.ModelProto, order: list[int], node_time: np.ndarray, k: i
 
     def memory(a: int, b: int) -> int:
         ws = {x for q in range(a, b) for x in nodes[q].input if x in weight_bytes}
-        return sum(weight_bytes[w] for w in ws) + max(live(q) for q in range(a, b)) + TARGET.code_bytes_per_node * (b - a)
+        return (
+            sum(weight_bytes[w] for w in ws)
+            + max(live(q) for q in range(a, b))
+            + TARGET.code_bytes_per_node * (b - a)
+        )
 
-    costed = [bool(node.op_type == "MatMul" or node_time[q] > TARGET.op_overhead_s * 1.0000001) for q, node in enumerate(nodes)]
+    costed = [
+        bool(node.op_type == "MatMul" or node_time[q] > TARGET.op_overhead_s * 1.0000001)
+        for q, node in enumerate(nodes)
+    ]
     require_costed = sum(costed) >= k
     best = None
     for cuts in itertools.combinations(range(1, n), k - 1):

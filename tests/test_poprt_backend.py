@@ -740,7 +740,9 @@ class TestConversion:
         from sharderd.target import BUILTIN_TARGETS
 
         config = PlanConfig(dims={"sequence": 32})
-        analysis = analyze_file(ROOT / "tests" / "data" / "models" / "tiny_bert" / "model.onnx", config)
+        analysis = analyze_file(
+            ROOT / "tests" / "data" / "models" / "tiny_bert" / "model.onnx", config
+        )
         plan = make_plan(analysis, BUILTIN_TARGETS["ipu-mk2"], 2, config)
         files = write_shard_files(analysis, plan, tmp_path, "bert")
         request = AttemptRequest(
@@ -756,7 +758,9 @@ class TestConversion:
         assert "re-annotated by name" in outcome.message and "3 added" in outcome.message
         sharded = onnx.load(str(files.model))
         converted = onnx.load(f"{request.artifact}.converted.onnx")
-        assert {i.type.tensor_type.elem_type for i in converted.graph.input} == {onnx.TensorProto.INT32}
+        assert {i.type.tensor_type.elem_type for i in converted.graph.input} == {
+            onnx.TensorProto.INT32
+        }
         planned, got = read_annotation(sharded), read_annotation(converted)
         assert all(got[name] == stages for name, stages in planned.items())
         casts = [n for n in converted.graph.node if n.name not in planned]

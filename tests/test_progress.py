@@ -14,7 +14,16 @@ EVENTS = [
     ("plan.started", {"devices": 4}),
     ("plan.finished", {"label": "plan", "bottleneck_s": 0.002}),
     ("attempt.started", {"attempt": 0, "label": "plan"}),
-    ("attempt.finished", {"attempt": 0, "result": "oom", "duration_s": 1.5, "device": 2, "message": "Out of memory on tile 3000"}),
+    (
+        "attempt.finished",
+        {
+            "attempt": 0,
+            "result": "oom",
+            "duration_s": 1.5,
+            "device": 2,
+            "message": "Out of memory on tile 3000",
+        },
+    ),
 ]
 
 
@@ -46,7 +55,9 @@ def test_live_table_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     from rich.console import Console
 
     out = io.StringIO()
-    monkeypatch.setattr("rich.console.Console", lambda file: Console(file=file, force_terminal=True, width=120))
+    monkeypatch.setattr(
+        "rich.console.Console", lambda file: Console(file=file, force_terminal=True, width=120)
+    )
     board = progress_module._Board()
     with progress(quiet=False, json_mode=False, stream=out) as emit:
         for event, fields in EVENTS:

@@ -301,6 +301,13 @@ def test_a_fault_in_writing_the_sharded_model_fails_verification(
 
     monkeypatch.setattr(engine, "write_model", corrupting_write)
     out = tmp_path / "out"
-    args = ["shard", str(DATA / "tiny_vit" / "model.onnx"), "--devices", "2", "--backend", "onnxruntime"]
+    args = [
+        "shard",
+        str(DATA / "tiny_vit" / "model.onnx"),
+        "--devices",
+        "2",
+        "--backend",
+        "onnxruntime",
+    ]
     assert cli_main([*args, "-o", str(out)]) == 1
     assert "verification failed" in capsys.readouterr().err

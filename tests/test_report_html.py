@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fake_poprt"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y chromium; .ci/run does this)"
+    CHROMIUM is None,
+    reason="Debian's chromium is not installed (apt-get install -y chromium; .ci/run does this)",
 )
 HOSTILE = '<script>document.documentElement.dataset.pwned="1"</script> & <b>'
 """A node name that is markup: it must reach the page as text."""
@@ -54,7 +55,11 @@ class Element:
                 yield from c.iter()
 
     def find_all(self, tag: str, cls: str | None = None) -> list[Element]:
-        return [e for e in self.iter() if e.tag == tag and (cls is None or cls in e.attrs.get("class", "").split())]
+        return [
+            e
+            for e in self.iter()
+            if e.tag == tag and (cls is None or cls in e.attrs.get("class", "").split())
+        ]
 
     def one(self, tag: str, cls: str | None = None) -> Element:
         found = self.find_all(tag, cls)
@@ -100,9 +105,20 @@ def parse(html: str) -> Element:
 
 
 def chromium(page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [CHROMIUM or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", "--force-device-scale-factor=1",
-            f"--user-data-dir={profile}", *args, page.resolve().as_uri()]
+    argv = [
+        CHROMIUM or "chromium",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--force-device-scale-factor=1",
+        f"--user-data-dir={profile}",
+        *args,
+        page.resolve().as_uri(),
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=90, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc
@@ -116,25 +132,56 @@ class Run:
     html: str
 
 
-def shard(tmp: Path, model: Path, config: str, devices: int, *extra: str, env: dict[str, str] | None = None,
-          expect: int = 0) -> Run:
+def shard(
+    tmp: Path,
+    model: Path,
+    config: str,
+    devices: int,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    expect: int = 0,
+) -> Run:
     (tmp / "sharderd.toml").write_text(config)
     out = tmp / "out"
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_POPRT")}
     environ.update(PYTHONPATH=os.pathsep.join([str(FAKE), str(REPO)]), **(env or {}))
     proc = subprocess.run(
-        [sys.executable, "-m", "sharderd.cli", "shard", str(model), "--devices", str(devices), "--config",
-         str(tmp / "sharderd.toml"), "--out", str(out), "--quiet", *extra],
-        env=environ, capture_output=True, text=True, timeout=240, check=False)
+        [
+            sys.executable,
+            "-m",
+            "sharderd.cli",
+            "shard",
+            str(model),
+            "--devices",
+            str(devices),
+            "--config",
+            str(tmp / "sharderd.toml"),
+            "--out",
+            str(out),
+            "--quiet",
+            *extra,
+        ],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == expect, proc.stderr
     page = out / "report.html"
     dom = parse(chromium(page, tmp / "profile", "--dump-dom").stdout)
-    return Run(out, json.loads((out / "report.json").read_text()), dom, page.read_text(encoding="utf-8"))
+    return Run(
+        out, json.loads((out / "report.json").read_text()), dom, page.read_text(encoding="utf-8")
+    )
 
 
 def poprt_env(tmp: Path, gather_code_bytes: int) -> dict[str, str]:
-    return {"FAKE_POPRT_TILES": str(TILES), "FAKE_POPRT_LOG": str(tmp / "compiles.jsonl"), "FAKE_POPRT_MODE": "normal",
-            "FAKE_POPRT_TRUTH": json.dumps({"code_bytes": {"Gather": gather_code_bytes}})}
+    return {
+        "FAKE_POPRT_TILES": str(TILES),
+        "FAKE_POPRT_LOG": str(tmp / "compiles.jsonl"),
+        "FAKE_POPRT_MODE": "normal",
+        "FAKE_POPRT_TRUTH": json.dumps({"code_bytes": {"Gather": gather_code_bytes}}),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -164,19 +211,36 @@ def measured_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 def test_report_html_is_written_beside_the_json_and_needs_no_network(oom_run: Run) -> None:
     """Every shard job writes report.html next to report.json: one file, no scripts, nothing fetched."""
     assert (oom_run.out / "report.md").is_file()
-    assert re.search(r"<script|<link|<img|<iframe|\bsrc=|\bhref=|url\(|@import", oom_run.html, re.I) is None
+    assert (
+        re.search(r"<script|<link|<img|<iframe|\bsrc=|\bhref=|url\(|@import", oom_run.html, re.I)
+        is None
+    )
     assert set(re.findall(r"https?://[^\"' ]+", oom_run.html)) == {"http://www.w3.org/2000/svg"}
 
 
 def test_header_facts_match_the_report(oom_run: Run) -> None:
     """Status, bottleneck, lower bound and throughput in the header are report.json's numbers."""
     plan, dom = oom_run.report["plan"], oom_run.dom
-    facts = {div.attrs["data-fact"]: div.one("dd").text() for div in dom.find_all("div") if "data-fact" in div.attrs}
+    facts = {
+        div.attrs["data-fact"]: div.one("dd").text()
+        for div in dom.find_all("div")
+        if "data-fact" in div.attrs
+    }
     assert dom.one("span", "status").text() == oom_run.report["status"] == "compiled"
-    assert facts["bottleneck"] == f"stage {plan['slowest_stage']}, {fmt_seconds(plan['bottleneck_s'])} per batch"
-    assert facts["bound"] == f"{fmt_seconds(plan['lower_bound_s'])} (ratio {plan['ratio_to_bound']:.3f})"
+    assert (
+        facts["bottleneck"]
+        == f"stage {plan['slowest_stage']}, {fmt_seconds(plan['bottleneck_s'])} per batch"
+    )
+    assert (
+        facts["bound"]
+        == f"{fmt_seconds(plan['lower_bound_s'])} (ratio {plan['ratio_to_bound']:.3f})"
+    )
     assert facts["throughput"].startswith(f"{plan['predicted_throughput_per_s']:.1f} samples/s")
-    assert facts["target"].startswith("mini") and facts["backend"] == "poprt" and facts["devices"] == "5"
+    assert (
+        facts["target"].startswith("mini")
+        and facts["backend"] == "poprt"
+        and facts["devices"] == "5"
+    )
 
 
 def test_one_memory_chart_per_device_with_the_planned_bytes(oom_run: Run) -> None:
@@ -184,19 +248,31 @@ def test_one_memory_chart_per_device_with_the_planned_bytes(oom_run: Run) -> Non
     device's budget line sits further left."""
     stages = oom_run.report["plan"]["stages"]
     figures = oom_run.dom.find_all("figure", "device")
-    assert [int(f.attrs["data-stage"]) for f in figures] == [s["index"] for s in stages] == list(range(5))
+    assert (
+        [int(f.attrs["data-stage"]) for f in figures]
+        == [s["index"] for s in stages]
+        == list(range(5))
+    )
     budget_x = []
     for figure, stage in zip(figures, stages, strict=True):
         chart = figure.one("svg", "memory-chart")
-        segs = {r.attrs["class"].split()[1]: int(r.attrs["data-bytes"]) for r in chart.find_all("rect", "seg")}
-        assert segs == {"seg-weights": stage["weight_bytes"], "seg-activations": stage["activation_bytes"],
-                        "seg-code": stage["code_bytes"]}
+        segs = {
+            r.attrs["class"].split()[1]: int(r.attrs["data-bytes"])
+            for r in chart.find_all("rect", "seg")
+        }
+        assert segs == {
+            "seg-weights": stage["weight_bytes"],
+            "seg-activations": stage["activation_bytes"],
+            "seg-code": stage["code_bytes"],
+        }
         assert sum(segs.values()) == stage["memory_bytes"]
         assert figure.one("span", "used").text() == fmt_bytes(stage["memory_bytes"])
         line = chart.one("line", "budget")
         width = float(chart.one("rect", "capacity").attrs["width"])
         budget_x.append(float(line.attrs["x1"]))
-        assert budget_x[-1] == pytest.approx(8 + width * stage["budget_bytes"] / stage["capacity_bytes"], abs=0.1)
+        assert budget_x[-1] == pytest.approx(
+            8 + width * stage["budget_bytes"] / stage["capacity_bytes"], abs=0.1
+        )
         assert chart.find_all("title")[0].text() == f"Memory of device {stage['index']}"
     assert budget_x[0] < min(budget_x[1:])
     assert "learned correction" in figures[0].one("figcaption").text()
@@ -214,7 +290,9 @@ def test_model_strip_marks_each_cut_with_its_bytes(oom_run: Run) -> None:
     assert max(per_node) - min(per_node) < 0.01
     assert [blocks.index(b) for b in strip.find_all("rect", "slowest")] == [plan["slowest_stage"]]
     cuts = strip.find_all("g", "cut")
-    assert [int(c.attrs["data-bytes"]) for c in cuts] == [c["bytes"] for c in plan["cuts"]] and len(cuts) == 4
+    assert [int(c.attrs["data-bytes"]) for c in cuts] == [c["bytes"] for c in plan["cuts"]] and len(
+        cuts
+    ) == 4
     assert [c.one("text").text() for c in cuts] == [fmt_bytes(c["bytes"]) for c in plan["cuts"]]
 
 
@@ -223,7 +301,9 @@ def test_attempts_timeline_shows_the_oom_and_its_correction(oom_run: Run) -> Non
     attempts = oom_run.report["attempts"]
     timeline = oom_run.dom.one("svg", "attempts-timeline")
     bars = timeline.find_all("rect", "attempt")
-    assert [b.attrs["class"].split()[1] for b in bars] == [f"outcome-{a['outcome']}" for a in attempts]
+    assert [b.attrs["class"].split()[1] for b in bars] == [
+        f"outcome-{a['outcome']}" for a in attempts
+    ]
     assert [b.attrs["fill"] for b in bars[:2]] == ["#c62828", "#2e7d32"]
     oom, corr = attempts[0]["oom"], attempts[0]["correction"]
     text = timeline.text()
@@ -240,7 +320,9 @@ def test_measured_times_and_verification_are_shown(measured_run: Run) -> None:
     assert len(charts) == len(timed) >= 1
     for figure, attempt in zip(charts, timed, strict=True):
         measured = [float(r.attrs["data-seconds"]) for r in figure.find_all("rect", "bar-measured")]
-        predicted = [float(r.attrs["data-seconds"]) for r in figure.find_all("rect", "bar-predicted")]
+        predicted = [
+            float(r.attrs["data-seconds"]) for r in figure.find_all("rect", "bar-predicted")
+        ]
         assert measured == attempt["benchmark"]["stage_times_s"]
         assert predicted == attempt["predicted_stage_times_s"]
     section = measured_run.dom.find_all("section")
@@ -261,29 +343,55 @@ def test_node_names_are_text_never_markup(measured_run: Run) -> None:
     assert first in cells
     strip_titles = [t.text() for t in dom.one("svg", "model-strip").find_all("title")]
     assert any(first in t for t in strip_titles)
-    assert measured_run.html.count("&lt;script&gt;document.documentElement.dataset.pwned=&quot;1&quot;&lt;/script&gt; &amp; &lt;b&gt;") > 0
+    assert (
+        measured_run.html.count(
+            "&lt;script&gt;document.documentElement.dataset.pwned=&quot;1&quot;&lt;/script&gt; &amp; &lt;b&gt;"
+        )
+        > 0
+    )
 
 
 def test_warnings_name_the_renamed_nodes(measured_run: Run) -> None:
     """The unnamed node renamed by --name-nodes is listed under warnings."""
-    warnings = next(s for s in measured_run.dom.find_all("section") if s.attrs.get("id") == "warnings")
+    warnings = next(
+        s for s in measured_run.dom.find_all("section") if s.attrs.get("id") == "warnings"
+    )
     items = [li.text() for li in warnings.find_all("li")]
     assert measured_run.report["model"]["renamed_nodes"] == 1
     assert any(i.startswith("renamed") and "1 unnamed or duplicate node" in i for i in items)
 
 
-def test_failed_job_report_shows_the_error_and_every_attempt(ipu_model: Path, tmp_path: Path) -> None:
+def test_failed_job_report_shows_the_error_and_every_attempt(
+    ipu_model: Path, tmp_path: Path
+) -> None:
     """When the compile budget ends with no split compiled, the page leads with the error and its hint
     and still shows the attempts. One out-of-memory compile proves nothing about the others: exit 1,
     not 3."""
-    run = shard(tmp_path, ipu_model, IPU_CONFIG, 5, "--backend", "poprt", "--max-attempts", "1",
-                env=poprt_env(tmp_path, 10_000_000), expect=1)
+    run = shard(
+        tmp_path,
+        ipu_model,
+        IPU_CONFIG,
+        5,
+        "--backend",
+        "poprt",
+        "--max-attempts",
+        "1",
+        env=poprt_env(tmp_path, 10_000_000),
+        expect=1,
+    )
     error = next(s for s in run.dom.find_all("section") if s.attrs.get("id") == "error")
-    assert run.report["error"]["message"] in error.text() and run.report["error"]["hint"] in error.text()
+    assert (
+        run.report["error"]["message"] in error.text()
+        and run.report["error"]["hint"] in error.text()
+    )
     assert run.dom.one("span", "status").text() == run.report["status"] == "failed"
     assert "not a proof" in run.report["error"]["message"]
     assert run.dom.find_all("figure", "device") == []
-    assert len(run.dom.one("svg", "attempts-timeline").find_all("rect", "attempt")) == len(run.report["attempts"]) == 1
+    assert (
+        len(run.dom.one("svg", "attempts-timeline").find_all("rect", "attempt"))
+        == len(run.report["attempts"])
+        == 1
+    )
 
 
 def decode_png(data: bytes) -> np.ndarray:
@@ -291,16 +399,20 @@ def decode_png(data: bytes) -> np.ndarray:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, idat, width, height, bpp = 8, [], 0, 0, 0
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             width, height, depth, colour = struct.unpack(">IIBB", body[:10])
-            assert depth == 8 and colour in (2, 6) and body[12] == 0, "only 8-bit non-interlaced RGB(A)"
+            assert depth == 8 and colour in (2, 6) and body[12] == 0, (
+                "only 8-bit non-interlaced RGB(A)"
+            )
             bpp = 3 if colour == 2 else 4
         elif kind == b"IDAT":
             idat.append(body)
         pos += 12 + length
-    raw = np.frombuffer(zlib.decompress(b"".join(idat)), dtype=np.uint8).reshape(height, 1 + width * bpp)
+    raw = np.frombuffer(zlib.decompress(b"".join(idat)), dtype=np.uint8).reshape(
+        height, 1 + width * bpp
+    )
     out = np.zeros((height, width * bpp), dtype=np.uint8)
     prev = np.zeros(width * bpp, dtype=np.int64)
     for y in range(height):
@@ -327,7 +439,7 @@ def decode_png(data: bytes) -> np.ndarray:
 
 
 def pixels_of(image: np.ndarray, colour: str) -> int:
-    rgb = np.array([int(colour[k:k + 2], 16) for k in (1, 3, 5)], dtype=np.uint8)
+    rgb = np.array([int(colour[k : k + 2], 16) for k in (1, 3, 5)], dtype=np.uint8)
     return int(np.count_nonzero(np.all(image == rgb, axis=2)))
 
 
@@ -335,13 +447,24 @@ def test_screenshot_shows_the_charts_in_colour(oom_run: Run, tmp_path: Path) -> 
     """Chromium's screenshot of the page is a real picture: every stage colour, the OOM red and the
     success green cover visible areas."""
     png = tmp_path / "report.png"
-    chromium(oom_run.out / "report.html", tmp_path / "profile", f"--screenshot={png}",
-             f"--window-size={WINDOW[0]},{WINDOW[1]}", "--hide-scrollbars")
+    chromium(
+        oom_run.out / "report.html",
+        tmp_path / "profile",
+        f"--screenshot={png}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        "--hide-scrollbars",
+    )
     data = png.read_bytes()
     assert len(data) > 50_000
     image = decode_png(data)
     assert image.shape == (WINDOW[1], WINDOW[0], 3)
-    for colour in ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2"):  # stages 0-4 (and memory parts)
+    for colour in (
+        "#4e79a7",
+        "#f28e2b",
+        "#59a14f",
+        "#b07aa1",
+        "#76b7b2",
+    ):  # stages 0-4 (and memory parts)
         assert pixels_of(image, colour) > 2000, colour
     assert pixels_of(image, "#c62828") > 1000 and pixels_of(image, "#2e7d32") > 1000
     assert pixels_of(image, "#ffffff") < 0.95 * image.shape[0] * image.shape[1]

@@ -26,7 +26,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
-    return examples.save(examples.transformer(layers=2, hidden=32, heads=4, seq=8, vocab=50), tmp_path / "t.onnx")
+    return examples.save(
+        examples.transformer(layers=2, hidden=32, heads=4, seq=8, vocab=50), tmp_path / "t.onnx"
+    )
 
 
 @pytest.mark.anyio
@@ -45,7 +47,10 @@ async def test_worker_and_local_sessions_agree(model: Path, tmp_path: Path) -> N
     assert remote_summary["model"] == local_summary["model"]
     assert remote["plan"]["digest"] == local["plan"]["digest"]
     assert remote["plan"]["bottleneck_s"] == pytest.approx(local["plan"]["bottleneck_s"])
-    assert Path(remote["files"]["model"]).is_file() and Path(remote["files"]["sharding_yaml"]).is_file()
+    assert (
+        Path(remote["files"]["model"]).is_file()
+        and Path(remote["files"]["sharding_yaml"]).is_file()
+    )
 
 
 @pytest.mark.anyio
@@ -81,4 +86,6 @@ async def test_a_dead_worker_is_an_error_not_a_hang(model: Path, tmp_path: Path)
         await worker.plan(PlanRequest(2, 1.15))
     assert (died.value.signal, died.value.exit_status) == (signal.SIGKILL, None)
     await worker.aclose()
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert (
+        not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    )

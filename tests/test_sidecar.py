@@ -31,10 +31,15 @@ def test_no_sidecar_gives_daemon_defaults() -> None:
 
 def test_every_key_overrides(tmp_path: Path) -> None:
     """Each sidecar key replaces its default; unset keys keep theirs."""
-    path = sidecar(tmp_path, 'devices = 8\ntarget = "ipu-bow"\nbackend = "onnxruntime"\n'
-                             "optimal_perf = true\npriority = -3\nmax_attempts = 2\n")
+    path = sidecar(
+        tmp_path,
+        'devices = 8\ntarget = "ipu-bow"\nbackend = "onnxruntime"\n'
+        "optimal_perf = true\npriority = -3\nmax_attempts = 2\n",
+    )
     assert load_sidecar(path, DEFAULTS) == JobOptions(8, "ipu-bow", "onnxruntime", True, 2, -3)
-    assert load_sidecar(sidecar(tmp_path, "priority = 9\n", "p.toml"), DEFAULTS) == JobOptions(2, "ipu-mk2", "none", False, 5, 9)
+    assert load_sidecar(sidecar(tmp_path, "priority = 9\n", "p.toml"), DEFAULTS) == JobOptions(
+        2, "ipu-mk2", "none", False, 5, 9
+    )
 
 
 def test_empty_sidecar_is_defaults(tmp_path: Path) -> None:
@@ -45,7 +50,10 @@ def test_empty_sidecar_is_defaults(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("stages = 4\n", "sidecar bert.toml: unknown key 'stages' (known: devices, target, backend, optimal_perf, priority, max_attempts, input_shapes, dims, batch_size, name_nodes, precision, keep_dynamic)"),
+        (
+            "stages = 4\n",
+            "sidecar bert.toml: unknown key 'stages' (known: devices, target, backend, optimal_perf, priority, max_attempts, input_shapes, dims, batch_size, name_nodes, precision, keep_dynamic)",
+        ),
         ("devices = 0\n", "sidecar bert.toml: devices must be between 1 and 1024, got 0"),
         ("devices = 10000\n", "sidecar bert.toml: devices must be between 1 and 1024, got 10000"),
         ("devices = -1\n", "devices must be between 1 and 1024, got -1"),

@@ -234,7 +234,9 @@ def test_planned_shapes_are_written_static(model_path: Callable[..., Path]) -> N
         assert all(d.HasField("dim_value") for d in dims) and dims[0].dim_value == 4
     for stage in split_stages(model, Path()):
         for value in (*stage.model.graph.input, *stage.model.graph.output):
-            assert all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim), value.name
+            assert all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim), (
+                value.name
+            )
 
 
 def test_stages_compute_what_the_model_computes(model_path: Callable[..., Path]) -> None:

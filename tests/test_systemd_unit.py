@@ -124,22 +124,30 @@ def install_unit(dest: Path, variant: str = "unit", *, text: str | None = None) 
     found = shutil.which("sharderd")
     binary = str(Path(found).resolve()) if found else "/bin/true"
     source = UNIT.read_text(encoding="utf-8") if text is None else text
-    rewritten, count = re.subn(rf"^ExecStart={re.escape(INSTALLED_EXEC)} ", f"ExecStart={binary} ",
-                               source, flags=re.MULTILINE)
+    rewritten, count = re.subn(
+        rf"^ExecStart={re.escape(INSTALLED_EXEC)} ",
+        f"ExecStart={binary} ",
+        source,
+        flags=re.MULTILINE,
+    )
     assert count == 1, "ExecStart= no longer starts with /usr/local/bin/sharderd"
     path = dest / "sharderd.service"
     path.write_text(rewritten, encoding="utf-8")
     make_dropin = VARIANTS[variant]
     if make_dropin is not None:
         (dest / "sharderd.service.d").mkdir()
-        (dest / "sharderd.service.d" / "ipu-devices.conf").write_text(make_dropin(), encoding="utf-8")
+        (dest / "sharderd.service.d" / "ipu-devices.conf").write_text(
+            make_dropin(), encoding="utf-8"
+        )
     return path
 
 
 def analyze(*args: str) -> subprocess.CompletedProcess[str]:
     assert ANALYZE is not None
     env = {**os.environ, "SYSTEMD_COLORS": "0", "SYSTEMD_PAGER": "", "SYSTEMD_LOG_COLOR": "0"}
-    return subprocess.run([ANALYZE, *args], capture_output=True, text=True, env=env, timeout=60, check=False)
+    return subprocess.run(
+        [ANALYZE, *args], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
 
 
 @cache
@@ -200,7 +208,9 @@ def test_unit_sets_every_directive_the_issue_requires() -> None:
     actual = {key: last(unit(), "Service", key) for key in expected}
     assert actual == expected
     assert "@system-service" in words(unit(), "Service", "SystemCallFilter")
-    assert words(unit(), "Service", "ReadWritePaths"), "ReadWritePaths= is required with ProtectSystem=strict"
+    assert words(unit(), "Service", "ReadWritePaths"), (
+        "ReadWritePaths= is required with ProtectSystem=strict"
+    )
     assert values(unit(), "Install", "WantedBy") == ["multi-user.target"]
 
 
@@ -221,7 +231,9 @@ def test_read_write_paths_keep_the_daemon_folders_on_one_mount() -> None:
     entries = [PurePosixPath(p) for p in words(unit(), "Service", "ReadWritePaths")]
     for entry in entries:
         inside = [folder.is_relative_to(entry) for folder in folders]
-        assert all(inside) or not any(inside), f"ReadWritePaths={entry} splits {folders} across mounts"
+        assert all(inside) or not any(inside), (
+            f"ReadWritePaths={entry} splits {folders} across mounts"
+        )
     assert any(all(f.is_relative_to(e) for f in folders) for e in [*entries, state_directory()])
 
 
@@ -234,10 +246,16 @@ def test_example_config_loads_and_matches_the_unit() -> None:
     assert PurePosixPath(daemon.outbox) == state / "outbox"
     assert PurePosixPath(daemon.state_dir).is_relative_to(state)
     assert daemon.runtime_dir is not None
-    assert PurePosixPath(daemon.runtime_dir) == PurePosixPath("/run") / str(last(unit(), "Service", "RuntimeDirectory"))
+    assert PurePosixPath(daemon.runtime_dir) == PurePosixPath("/run") / str(
+        last(unit(), "Service", "RuntimeDirectory")
+    )
     exec_start = shlex.split(str(last(unit(), "Service", "ExecStart")))
     assert exec_start[exec_start.index("--config") + 1] == "/etc/sharderd/sharderd.toml"
-    assert daemon.kill_grace < daemon.shutdown_timeout < float(str(last(unit(), "Service", "TimeoutStopSec")))
+    assert (
+        daemon.kill_grace
+        < daemon.shutdown_timeout
+        < float(str(last(unit(), "Service", "TimeoutStopSec")))
+    )
     assert not daemon.allow_root and last(unit(), "Service", "User") not in ("root", "0")
     assert (daemon.file_mode, daemon.dir_mode) == (0o640, 0o750)
 
@@ -248,7 +266,9 @@ def test_tmpfiles_lines_match_the_config_and_state_directory() -> None:
     lines = {PurePosixPath(f[1]): f for f in config_lines(TMPFILES)}
     assert all(f[0] == "d" and len(f) == 6 for f in lines.values()), lines
     state = state_directory()
-    inbox, outbox, state_dir = (PurePosixPath(p) for p in (daemon.inbox, daemon.outbox, daemon.state_dir))
+    inbox, outbox, state_dir = (
+        PurePosixPath(p) for p in (daemon.inbox, daemon.outbox, daemon.state_dir)
+    )
     assert set(lines) == {state, inbox, outbox, state_dir}
     modes = {path: int(fields[2], 8) for path, fields in lines.items()}
     # Same mode as systemd's StateDirectory=, or the two would rewrite it at every start.
@@ -256,7 +276,11 @@ def test_tmpfiles_lines_match_the_config_and_state_directory() -> None:
     assert lines[state][3:5] == ["sharderd", "sharderd"]  # else systemd chowns the whole tree
     submit = values(unit(), "Service", "SupplementaryGroups")
     assert lines[inbox][3:5] == ["sharderd", *submit]
-    assert modes[inbox] & stat.S_ISGID and modes[inbox] & stat.S_IWGRP and not modes[inbox] & stat.S_ISVTX
+    assert (
+        modes[inbox] & stat.S_ISGID
+        and modes[inbox] & stat.S_IWGRP
+        and not modes[inbox] & stat.S_ISVTX
+    )
     assert modes[outbox] & stat.S_ISGID and not modes[outbox] & (stat.S_IWGRP | stat.S_IRWXO)
     assert not modes[state_dir] & (stat.S_IWGRP | stat.S_IRWXO)
     assert modes[state] & stat.S_IXOTH and not modes[state] & (stat.S_IROTH | stat.S_IWOTH)
@@ -289,15 +313,21 @@ def test_ipu_dropin_opens_devices_by_group_name_not_by_glob() -> None:
     for rule in rules:
         node = rule.split()[0]
         # Paths are taken literally; wildcards only work on /proc/devices group names.
-        assert node.startswith(("char-", "block-")) or (node.startswith("/dev/") and not set(node) & set("*?[")), rule
+        assert node.startswith(("char-", "block-")) or (
+            node.startswith("/dev/") and not set(node) & set("*?[")
+        ), rule
     assert "ipu" in values(dropin, "Service", "SupplementaryGroups")
-    assert {"AF_UNIX", "AF_INET", "AF_INET6"} <= set(words(dropin, "Service", "RestrictAddressFamilies"))
+    assert {"AF_UNIX", "AF_INET", "AF_INET6"} <= set(
+        words(dropin, "Service", "RestrictAddressFamilies")
+    )
 
 
 def test_readme_explains_every_directive() -> None:
     """Every directive of the unit, and the two left out on purpose, has a row in systemd/README.md."""
     readme = README.read_text(encoding="utf-8")
-    keys = {k for k, _ in unit()["Service"]} | {k for k, _ in unit()["Unit"] if k.startswith("StartLimit")}
+    keys = {k for k, _ in unit()["Service"]} | {
+        k for k, _ in unit()["Unit"] if k.startswith("StartLimit")
+    }
     keys |= {"MemoryDenyWriteExecute", "ProcSubset"}
     missing = sorted(k for k in keys if f"`{k}=`" not in readme)
     assert not missing, f"directives without a row in systemd/README.md: {missing}"
@@ -343,13 +373,17 @@ def test_exposure_is_within_threshold(tmp_path: Path, variant: str) -> None:
 def test_recorded_exposure_matches_this_systemd(tmp_path: Path) -> None:
     """The exposure table in systemd/README.md (and docs/security.md) is what this systemd measures."""
     readme = README.read_text(encoding="utf-8")
-    section = readme[readme.index("## Exposure"):]
+    section = readme[readme.index("## Exposure") :]
     recorded_version = re.search(r"Measured with systemd (\d+)", section)
     assert recorded_version, "systemd/README.md must say which systemd measured the exposure"
     installed = re.match(r"systemd (\d+)", analyze("--version").stdout)
     if not installed or installed.group(1) != recorded_version.group(1):
-        pytest.skip(f"scores were recorded with systemd {recorded_version.group(1)}; weights differ between versions")
-    recorded = [float(v) for v in re.findall(r"^\|[^|\n]+\| (\d+\.\d) \w+ \|$", section, flags=re.MULTILINE)]
+        pytest.skip(
+            f"scores were recorded with systemd {recorded_version.group(1)}; weights differ between versions"
+        )
+    recorded = [
+        float(v) for v in re.findall(r"^\|[^|\n]+\| (\d+\.\d) \w+ \|$", section, flags=re.MULTILINE)
+    ]
     measured = []
     for variant in VARIANTS:
         folder = tmp_path / variant
@@ -360,18 +394,36 @@ def test_recorded_exposure_matches_this_systemd(tmp_path: Path) -> None:
     assert all(f"{value:.1f}" in security for value in measured)
 
 
-@pytest.mark.skipif(shutil.which("systemd-sysusers") is None or shutil.which("systemd-tmpfiles") is None,
-                    reason="systemd-sysusers / systemd-tmpfiles are not installed (Debian: apt-get install systemd)")
-@pytest.mark.skipif(os.geteuid() != 0, reason="systemd-tmpfiles --root must chown to the new accounts: run as root")
+@pytest.mark.skipif(
+    shutil.which("systemd-sysusers") is None or shutil.which("systemd-tmpfiles") is None,
+    reason="systemd-sysusers / systemd-tmpfiles are not installed (Debian: apt-get install systemd)",
+)
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="systemd-tmpfiles --root must chown to the new accounts: run as root"
+)
 def test_sysusers_and_tmpfiles_build_the_layout(tmp_path: Path) -> None:
     """systemd-sysusers and systemd-tmpfiles, run on an empty root, create the accounts and folders as documented."""
     (tmp_path / "etc").mkdir()
-    for tool, args in (("systemd-sysusers", [str(SYSUSERS)]), ("systemd-tmpfiles", ["--create", str(TMPFILES)])):
-        result = subprocess.run([tool, f"--root={tmp_path}", *args], capture_output=True, text=True, timeout=60,
-                                check=False)
+    for tool, args in (
+        ("systemd-sysusers", [str(SYSUSERS)]),
+        ("systemd-tmpfiles", ["--create", str(TMPFILES)]),
+    ):
+        result = subprocess.run(
+            [tool, f"--root={tmp_path}", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert result.returncode == 0, f"{tool}: {result.stderr}"
-    passwd = {f[0]: f for f in (line.split(":") for line in (tmp_path / "etc/passwd").read_text().splitlines())}
-    group = {f[0]: f for f in (line.split(":") for line in (tmp_path / "etc/group").read_text().splitlines())}
+    passwd = {
+        f[0]: f
+        for f in (line.split(":") for line in (tmp_path / "etc/passwd").read_text().splitlines())
+    }
+    group = {
+        f[0]: f
+        for f in (line.split(":") for line in (tmp_path / "etc/group").read_text().splitlines())
+    }
     uid, gid, home = int(passwd["sharderd"][2]), int(passwd["sharderd"][3]), passwd["sharderd"][5]
     submit_gid = int(group["sharderd-submit"][2])
     assert home == "/var/lib/sharderd" and "sharderd" in group["sharderd-submit"][3].split(",")

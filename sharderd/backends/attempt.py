@@ -86,8 +86,14 @@ async def run_attempt(
     runner: AttemptRunner | None = pool.runner  # type: ignore[assignment]
     if runner is not None:
         async with pool.slot(job_id=job_id, priority=priority):
-            return await runner(request, workdir, job_id=job_id, timeout=timeout, kill_grace=kill_grace,
-                                argv_prefix=argv_prefix)
+            return await runner(
+                request,
+                workdir,
+                job_id=job_id,
+                timeout=timeout,
+                kill_grace=kill_grace,
+                argv_prefix=argv_prefix,
+            )
     request_path = workdir / REQUEST_NAME
     result_path = workdir / RESULT_NAME
     result_path.unlink(missing_ok=True)  # a stale result must never pass for this attempt's
@@ -98,8 +104,15 @@ async def run_attempt(
         str(result_path),
     ]
     async with pool.slot(job_id=job_id, priority=priority):
-        proc = await run_process(argv, cwd=workdir, env=env, timeout=timeout, kill_grace=kill_grace,
-                                 on_started=on_started, on_stderr=on_stderr)
+        proc = await run_process(
+            argv,
+            cwd=workdir,
+            env=env,
+            timeout=timeout,
+            kill_grace=kill_grace,
+            on_started=on_started,
+            on_stderr=on_stderr,
+        )
     return outcome_of(proc, result_path, timeout=timeout)
 
 

@@ -159,8 +159,11 @@ class _Tail:
         return self._buf.decode("utf-8", errors="replace")
 
 
-async def _drain(stream: anyio.abc.ByteReceiveStream, tail: _Tail,
-                 on_chunk: Callable[[bytes], None] | None = None) -> None:
+async def _drain(
+    stream: anyio.abc.ByteReceiveStream,
+    tail: _Tail,
+    on_chunk: Callable[[bytes], None] | None = None,
+) -> None:
     """Read until EOF so the child never blocks on a full pipe."""
     with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
         async for chunk in stream:

@@ -69,7 +69,9 @@ def check_opsets(model: onnx.ModelProto) -> list[str]:
                     hint="convert the model with onnx.version_converter.convert_version",
                 )
         elif opset.domain not in _KNOWN_DOMAINS:
-            warnings.append(f"custom domain {opset.domain!r} (opset {opset.version}): its ops get the default cost")
+            warnings.append(
+                f"custom domain {opset.domain!r} (opset {opset.version}): its ops get the default cost"
+            )
     if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):
         raise _no_default_domain(model)
     return warnings
@@ -82,13 +84,17 @@ def _no_default_domain(model: onnx.ModelProto) -> ModelInvalidError:
     what = f"it imports only {', '.join(repr(d) for d in domains) or 'no opsets'}"
     if ops:
         what += f" (ops: {', '.join(ops[:6])}{', ...' if len(ops) > 6 else ''})"
-    message = (f"the model imports no default-domain opset: {what}. sharderd splits neural-network graphs of "
-               "default-domain (ai.onnx) ops into pipeline stages, one accelerator each, and has a cost model "
-               "for those ops only")
+    message = (
+        f"the model imports no default-domain opset: {what}. sharderd splits neural-network graphs of "
+        "default-domain (ai.onnx) ops into pipeline stages, one accelerator each, and has a cost model "
+        "for those ops only"
+    )
     hint = None
     if "ai.onnx.ml" in domains:
-        hint = ("ai.onnx.ml models (linear classifiers, tree ensembles, encoders) are not sharded; onnxruntime "
-                "runs them as they are, on the CPU.")
+        hint = (
+            "ai.onnx.ml models (linear classifiers, tree ensembles, encoders) are not sharded; onnxruntime "
+            "runs them as they are, on the CPU."
+        )
     return ModelInvalidError(message, hint=hint)
 
 
@@ -109,7 +115,10 @@ def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
         warnings.append(f"renamed {renamed} unnamed or duplicate node(s) to <OpType>_<k>")
     flow = build_dataflow(graph)
     shapes = shape_info(
-        loaded.model, batch_size=config.batch_size, dims=config.dims, input_shapes=config.input_shapes
+        loaded.model,
+        batch_size=config.batch_size,
+        dims=config.dims,
+        input_shapes=config.input_shapes,
     )
     if shapes.unresolved:
         raise unresolved_dims_error(shapes.unresolved)
@@ -123,7 +132,9 @@ def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
             f"{shape.tensor!r} from {shape.op_type} node {shape.node!r} has a data-dependent size: {shape.costed_as}"
         )
     if len(shapes.data_dependent) > 5:
-        warnings.append(f"{len(shapes.data_dependent) - 5} more data-dependent tensor(s), costed the same way")
+        warnings.append(
+            f"{len(shapes.data_dependent) - 5} more data-dependent tensor(s), costed the same way"
+        )
     for note in shapes.notes[:5]:
         warnings.append(f"shape inference: {note}")
     if len(shapes.notes) > 5:

@@ -37,7 +37,9 @@ class GraphCosts:
     control_flow_notes: tuple[str, ...]
 
 
-def compute_costs(graph: onnx.GraphProto, flow: Dataflow, types: Mapping[str, TensorType]) -> GraphCosts:
+def compute_costs(
+    graph: onnx.GraphProto, flow: Dataflow, types: Mapping[str, TensorType]
+) -> GraphCosts:
     tensor_bytes = np.zeros(flow.num_tensors, dtype=np.int64)
     unknown: list[str] = []
     for t, name in enumerate(flow.tensor_names):
@@ -52,7 +54,9 @@ def compute_costs(graph: onnx.GraphProto, flow: Dataflow, types: Mapping[str, Te
                 )
             tensor_bytes[t] = size
     coster = _Coster(types, scalar_constants(graph))
-    flops = np.fromiter((coster.node(node) for node in graph.node), dtype=np.float64, count=len(graph.node))
+    flops = np.fromiter(
+        (coster.node(node) for node in graph.node), dtype=np.float64, count=len(graph.node)
+    )
     return GraphCosts(flops, tensor_bytes, tuple(unknown), coster.defaults, tuple(coster.notes))
 
 
@@ -81,7 +85,11 @@ class _Coster:
             [_shape(self.types, name) for name in node.output],
         )
         if not estimate.known:
-            key = f"{node.domain}::{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type
+            key = (
+                f"{node.domain}::{node.op_type}"
+                if node.domain not in ("", "ai.onnx")
+                else node.op_type
+            )
             self.defaults[key] = self.defaults.get(key, 0) + 1
         return estimate.flops + self.bodies(node)
 
@@ -90,7 +98,9 @@ class _Coster:
         bodies = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
         if not bodies:
             return 0.0
-        costs = {name: sum(self.node(inner) for inner in body.node) for name, body in bodies.items()}
+        costs = {
+            name: sum(self.node(inner) for inner in body.node) for name, body in bodies.items()
+        }
         if node.op_type == "If":
             return max(costs.values())
         if node.op_type == "Loop":

@@ -226,13 +226,17 @@ def build_dataflow(graph: onnx.GraphProto) -> Dataflow:
     if dangling:
         shown = "; ".join(dangling[:5])
         more = f" (and {len(dangling) - 5} more)" if len(dangling) > 5 else ""
-        raise ModelInvalidError(f"dangling inputs: no node, graph input or initializer provides them: {shown}{more}")
+        raise ModelInvalidError(
+            f"dangling inputs: no node, graph input or initializer provides them: {shown}{more}"
+        )
 
     outputs = {o.name for o in graph.output}
     missing = [name for name in outputs if name not in tensor_index and name not in initializers]
     if missing:
         raise ModelInvalidError(f"graph outputs {missing[:5]} are not produced by any node")
-    is_output = np.fromiter((name in outputs for name in tensor_names), dtype=bool, count=len(tensor_names))
+    is_output = np.fromiter(
+        (name in outputs for name in tensor_names), dtype=bool, count=len(tensor_names)
+    )
 
     cons_ptr, cons_idx = csr(cons_rows)
     in_ptr, in_idx = csr(in_rows)
@@ -243,9 +247,13 @@ def build_dataflow(graph: onnx.GraphProto) -> Dataflow:
         placed = np.zeros(len(nodes), dtype=bool)
         placed[order] = True
         stuck = [nodes[i].name or f"#{i} {nodes[i].op_type}" for i in np.flatnonzero(~placed)[:5]]
-        raise ModelInvalidError(f"the graph has a cycle through {len(nodes) - len(order)} node(s), e.g. {stuck}")
+        raise ModelInvalidError(
+            f"the graph has a cycle through {len(nodes) - len(order)} node(s), e.g. {stuck}"
+        )
     nw_ptr, nw_idx = csr(nw_rows)
-    absurd = next((name for name, size in zip(weight_names, weight_bytes, strict=True) if size > 2**50), None)
+    absurd = next(
+        (name for name, size in zip(weight_names, weight_bytes, strict=True) if size > 2**50), None
+    )
     if absurd is not None:
         raise ModelInvalidError(f"weight {absurd!r} declares more than a petabyte: absurd dims")
     return Dataflow(

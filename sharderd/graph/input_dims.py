@@ -200,9 +200,6 @@ def _set_shape(value: onnx.ValueInfoProto, shape: tuple[int, ...]) -> None:
 def _show(dims_proto) -> str:
     return (
         "["
-        + ", ".join(
-            str(d.dim_value) if _fixed(d) else (d.dim_param or "?")
-            for d in dims_proto
-        )
+        + ", ".join(str(d.dim_value) if _fixed(d) else (d.dim_param or "?") for d in dims_proto)
         + "]"
     )

@@ -20,7 +20,14 @@ from google.protobuf.message import DecodeError
 from sharderd.errors import ModelInvalidError
 from sharderd.graph.tensors import all_tensors, tensor_nbytes
 
-__all__ = ["ExternalFile", "LoadedModel", "check_command", "load_model", "parse_model_bytes", "truncated_field"]
+__all__ = [
+    "ExternalFile",
+    "LoadedModel",
+    "check_command",
+    "load_model",
+    "parse_model_bytes",
+    "truncated_field",
+]
 
 _MAX_MODEL_FILE = 2**31  # protobuf's own limit; bigger weights must be external
 
@@ -68,7 +75,9 @@ def load_model(path: Path) -> LoadedModel:
     model = parse_model_bytes(data, str(path))
     files = check_external_data(model, path.parent)
     external_bytes = sum(
-        tensor_nbytes(t) for _, t in all_tensors(model.graph) if t.data_location == onnx.TensorProto.EXTERNAL
+        tensor_nbytes(t)
+        for _, t in all_tensors(model.graph)
+        if t.data_location == onnx.TensorProto.EXTERNAL
     )
     return LoadedModel(
         path=path,
@@ -115,9 +124,17 @@ def parse_model_bytes(data: bytes, where: str) -> onnx.ModelProto:
 
 
 _MODEL_FIELDS: dict[int, tuple[str, int]] = {
-    1: ("ir_version", 0), 2: ("producer_name", 2), 3: ("producer_version", 2), 4: ("domain", 2),
-    5: ("model_version", 0), 6: ("doc_string", 2), 7: ("graph", 2), 8: ("opset_import", 2),
-    14: ("metadata_props", 2), 20: ("training_info", 2), 25: ("functions", 2),
+    1: ("ir_version", 0),
+    2: ("producer_name", 2),
+    3: ("producer_version", 2),
+    4: ("domain", 2),
+    5: ("model_version", 0),
+    6: ("doc_string", 2),
+    7: ("graph", 2),
+    8: ("opset_import", 2),
+    14: ("metadata_props", 2),
+    20: ("training_info", 2),
+    25: ("functions", 2),
 }
 """``ModelProto`` fields by number: name and wire type (0 varint, 2 length-delimited)."""
 
@@ -180,7 +197,9 @@ def _check_text(graph: onnx.GraphProto, where: str) -> None:
                     _check_text(sub, where)
     bad = next((n for n in names if not isinstance(n, str)), None)
     if bad is not None:
-        raise ModelInvalidError(f"{where} is not a valid ONNX model: a name is not valid UTF-8 ({bad!r:.80})")
+        raise ModelInvalidError(
+            f"{where} is not a valid ONNX model: a name is not valid UTF-8 ({bad!r:.80})"
+        )
 
 
 def check_external_data(model: onnx.ModelProto, base: Path) -> tuple[ExternalFile, ...]:
@@ -209,12 +228,16 @@ def check_external_data(model: onnx.ModelProto, base: Path) -> tuple[ExternalFil
                 hint="move the model together with its data files (a folder job in the daemon)",
             ) from None
         if not target.is_file():
-            raise ModelInvalidError(f"external data of tensor {name!r} ({location!r}) is not a regular file")
+            raise ModelInvalidError(
+                f"external data of tensor {name!r} ({location!r}) is not a regular file"
+            )
         try:
             offset = int(info.get("offset", "0"))
             length = int(info["length"]) if "length" in info else None
         except ValueError:
-            raise ModelInvalidError(f"tensor {name!r}: external offset/length are not integers") from None
+            raise ModelInvalidError(
+                f"tensor {name!r}: external offset/length are not integers"
+            ) from None
         need = tensor_nbytes(tensor)
         if offset < 0 or (length is not None and length < 0):
             raise ModelInvalidError(f"tensor {name!r}: negative external offset or length")
@@ -228,7 +251,7 @@ def check_external_data(model: onnx.ModelProto, base: Path) -> tuple[ExternalFil
                 f"external data of tensor {name!r} is short: {location!r} has {st.st_size} bytes, "
                 f"the tensor needs bytes {offset}..{end}; {_short_copy(model, root / location, st.st_size)}",
                 hint="Copy the model and its data files again, whole (in the daemon: one folder job, moved in "
-                     "with one rename once the copy has finished).",
+                "with one rename once the copy has finished).",
             )
         size, count = files.get(location, (st.st_size, 0))
         files[location] = (size, count + 1)
@@ -246,19 +269,30 @@ def _short_copy(model: onnx.ModelProto, target: Path, size: int) -> str:
         if os.path.normcase(os.path.realpath(target.parent / info.get("location", ""))) != target_s:
             continue
         try:
-            declared = max(declared, int(info.get("offset", "0")) + int(info.get("length", tensor_nbytes(tensor))))
+            declared = max(
+                declared,
+                int(info.get("offset", "0")) + int(info.get("length", tensor_nbytes(tensor))),
+            )
         except ValueError:
             continue
     share = size / declared if declared else 0.0
-    return (f"the model's tensors declare {declared} bytes in it, {share:.0%} of which are there: "
-            "the copy looks incomplete")
+    return (
+        f"the model's tensors declare {declared} bytes in it, {share:.0%} of which are there: "
+        "the copy looks incomplete"
+    )
 
 
 def _check_location(name: str, location: str, root: Path) -> None:
     if "\0" in location:
-        raise ModelInvalidError(f"tensor {name!r}: external data location {location!r} contains a NUL byte")
+        raise ModelInvalidError(
+            f"tensor {name!r}: external data location {location!r} contains a NUL byte"
+        )
     pure = PurePosixPath(location.replace("\\", "/"))
-    if pure.is_absolute() or location.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:[\\/]", location):
+    if (
+        pure.is_absolute()
+        or location.startswith(("/", "\\"))
+        or re.match(r"^[A-Za-z]:[\\/]", location)
+    ):
         raise ModelInvalidError(
             f"tensor {name!r}: external data location {location!r} is absolute; it must be relative "
             "to the model's folder"

@@ -31,7 +31,9 @@ class NameProblems:
             parts.append(f"{len(self.unnamed)} node(s) have no name: {shown}{more}")
         if self.duplicates:
             shown = ", ".join(repr(n) for n in self.duplicates[:limit])
-            more = f" and {len(self.duplicates) - limit} more" if len(self.duplicates) > limit else ""
+            more = (
+                f" and {len(self.duplicates) - limit} more" if len(self.duplicates) > limit else ""
+            )
             parts.append(f"{len(self.duplicates)} name(s) are used by several nodes: {shown}{more}")
         return "; ".join(parts)
 

@@ -91,7 +91,10 @@ async def shard_job(
     config = spec.config
     target = config.target(spec.target)
     backend = resolve_backend(spec.search.backend, target)
-    emit("backend.selected", {"backend": backend, "requested": spec.search.backend, "target": target.name})
+    emit(
+        "backend.selected",
+        {"backend": backend, "requested": spec.search.backend, "target": target.name},
+    )
     session: PlanSession
     if spec.isolate_planning:
         try:
@@ -99,13 +102,17 @@ async def shard_job(
                 spec.model, config.plan, target, stderr_path=workdir / "planworker.stderr", env=env
             )
         except OSError as exc:
-            raise JobFailed(SharderdError(f"cannot start the planning worker: {exc}"), None) from None
+            raise JobFailed(
+                SharderdError(f"cannot start the planning worker: {exc}"), None
+            ) from None
     else:
         session = LocalSession(PlanService(spec.model, config.plan, target))
     summary: dict[str, Any] | None = None
     attempts: list[dict[str, Any]] = []
 
-    def partial(status: str, error: SharderdError, plan: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    def partial(
+        status: str, error: SharderdError, plan: Mapping[str, Any] | None = None
+    ) -> dict[str, Any] | None:
         if summary is None:
             return None
         return report_dict(
@@ -121,13 +128,27 @@ async def shard_job(
         )
 
     try:
-        emit("plan.started", {"model": str(spec.model), "devices": spec.devices, "target": target.name})
+        emit(
+            "plan.started",
+            {"model": str(spec.model), "devices": spec.devices, "target": target.name},
+        )
         summary = await session.summary()
         if backend == "none":
             final = await session.plan(
-                PlanRequest(spec.devices, config.plan.safety_margin, None, None, str(spec.out_dir), spec.stem, False)
+                PlanRequest(
+                    spec.devices,
+                    config.plan.safety_margin,
+                    None,
+                    None,
+                    str(spec.out_dir),
+                    spec.stem,
+                    False,
+                )
             )
-            emit("plan.finished", {"digest": final["plan"]["digest"], "bottleneck_s": final["plan"]["bottleneck_s"]})
+            emit(
+                "plan.finished",
+                {"digest": final["plan"]["digest"], "bottleneck_s": final["plan"]["bottleneck_s"]},
+            )
             status, extra = "not_compiled", {}
         else:
             workdir.mkdir(parents=True, exist_ok=True)
@@ -172,7 +193,9 @@ async def shard_job(
     outputs = {
         "model": Path(final["files"]["model"]).name,
         "sharding_config": Path(final["files"]["sharding_yaml"]).name,
-        "external_data": [str(Path(p).relative_to(spec.out_dir)) for p in final["files"]["external"]],
+        "external_data": [
+            str(Path(p).relative_to(spec.out_dir)) for p in final["files"]["external"]
+        ],
         "report_json": "report.json",
         "report_md": "report.md",
         "report_html": "report.html",

@@ -34,7 +34,14 @@ from sharderd.graph.analyze import Analysis
 from sharderd.report.build import model_facts, plan_section
 from sharderd.target import Target
 
-__all__ = ["LocalSession", "PlanRequest", "PlanService", "PlanSession", "WorkerSession", "error_from_dict"]
+__all__ = [
+    "LocalSession",
+    "PlanRequest",
+    "PlanService",
+    "PlanSession",
+    "WorkerSession",
+    "error_from_dict",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,7 +54,11 @@ class OrderedCosts:
         return len(self.order)
 
     def stage_time(self, i: int, j: int) -> float:
-        return float(self.prefix_time[j] - self.prefix_time[i] + (self.cut_bytes[i] + self.cut_bytes[j]) / self.link_bytes_per_s)
+        return float(
+            self.prefix_time[j]
+            - self.prefix_time[i]
+            + (self.cut_bytes[i] + self.cut_bytes[j]) / self.link_bytes_per_s
+        )
 
     def stage_weights(self, i: int, j: int) -> int:
         ids = np.unique(self.w_idx[self.w_ptr[i] : self.w_ptr[j]])
@@ -69,7 +73,9 @@ class OrderedCosts:
         )
 
 
-def calibrated_compute_s(analysis: Analysis, target: Target, measured_s: np.ndarray | None) -> np.ndarray:
+def calibrated_compute_s(
+    analysis: Analysis, target: Target, measured_s: np.ndarray | None
+) -> np.ndarray:
     """Per-node compute seconds: the FLOP model, or measured times where a profile has them.
 
     Nodes a profile misses (fused away, too fast to record) get the analytic time scaled by the

@@ -76,7 +76,9 @@ def _sparse_min(values: np.ndarray) -> np.ndarray:
     table[0] = values
     for level in range(1, levels):
         half = 1 << (level - 1)
-        table[level, : len(values) - half] = np.minimum(table[level - 1, :-half], table[level - 1, half:])
+        table[level, : len(values) - half] = np.minimum(
+            table[level - 1, :-half], table[level - 1, half:]
+        )
     return table
 
 
@@ -165,7 +167,13 @@ def solve(oc: OrderedCosts, caps: np.ndarray, *, require_costed: bool) -> Partit
     bw = oc.link_bytes_per_s
     u = oc.prefix_time + oc.cut_bytes / bw
     v = oc.cut_bytes / bw - oc.prefix_time
-    problem = _Problem(u=u, v=v, lo=tuple(windows[c] for c in caps.tolist()), hi=stage_ends(oc, k, require_costed=require_costed), cut=oc.cut_bytes)
+    problem = _Problem(
+        u=u,
+        v=v,
+        lo=tuple(windows[c] for c in caps.tolist()),
+        hi=stage_ends(oc, k, require_costed=require_costed),
+        cut=oc.cut_bytes,
+    )
     probes = 1
     layers = _reach(problem, np.inf)
     if layers is None:

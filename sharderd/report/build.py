@@ -23,7 +23,9 @@ SCHEMA = "sharderd.report/1"
 
 def _value_info(value: onnx.ValueInfoProto) -> dict[str, Any]:
     tt = value.type.tensor_type
-    dims: list[int | str] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
+    dims: list[int | str] = [
+        d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim
+    ]
     return {
         "name": value.name,
         "dtype": onnx.helper.tensor_dtype_to_string(tt.elem_type) if tt.elem_type else "unknown",
@@ -79,7 +81,9 @@ def plan_section(plan: Plan, batch_size: int, routed: Sequence[RoutedInput] = ()
         "bottleneck_s": plan.bottleneck_s,
         "lower_bound_s": plan.lower_bound_s,
         "ratio_to_bound": plan.ratio_to_bound,
-        "predicted_throughput_per_s": batch_size / plan.bottleneck_s if plan.bottleneck_s > 0 else None,
+        "predicted_throughput_per_s": batch_size / plan.bottleneck_s
+        if plan.bottleneck_s > 0
+        else None,
         "safety_margin": plan.safety_margin,
         "memory_scale": list(plan.memory_scale),
         "slowest_stage": plan.slowest_stage,

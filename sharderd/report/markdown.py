@@ -11,13 +11,20 @@ from sharderd.units import fmt_bytes, fmt_flops, fmt_seconds
 __all__ = ["TERMS_NOTE", "TIME_TERMS", "has_terms", "render_markdown"]
 
 
-TIME_TERMS = (("flops_s", "compute"), ("overhead_s", "per-node overhead"), ("host_s", "host I/O"),
-              ("comm_in_s", "comm in"), ("comm_out_s", "comm out"))
+TIME_TERMS = (
+    ("flops_s", "compute"),
+    ("overhead_s", "per-node overhead"),
+    ("host_s", "host I/O"),
+    ("comm_in_s", "comm in"),
+    ("comm_out_s", "comm out"),
+)
 """The terms of a stage's predicted time (``StageCost``), in the order they sum to ``time_s``."""
-TERMS_NOTE = ("A stage's time is the sum of its terms: compute (FLOPs at the target's effective rate, or "
-              "measured node times with `cost_model = \"measured\"`, which include the per-node overhead), "
-              "`op_overhead_s` per node, graph inputs and outputs over the host link, and the tensors received "
-              "from and sent to the neighbouring stages.")
+TERMS_NOTE = (
+    "A stage's time is the sum of its terms: compute (FLOPs at the target's effective rate, or "
+    'measured node times with `cost_model = "measured"`, which include the per-node overhead), '
+    "`op_overhead_s` per node, graph inputs and outputs over the host link, and the tensors received "
+    "from and sent to the neighbouring stages."
+)
 
 
 def has_terms(stage: Mapping[str, Any]) -> bool:
@@ -34,7 +41,11 @@ def _stage_rows(plan: Mapping[str, Any]) -> list[str]:
     ]
     for s in plan["stages"]:
         mark = " **(slowest)**" if s["index"] == plan["slowest_stage"] else ""
-        cells = " | ".join(fmt_seconds(s[key]) for key, _ in TIME_TERMS) if terms else fmt_seconds(s["comm_s"])
+        cells = (
+            " | ".join(fmt_seconds(s[key]) for key, _ in TIME_TERMS)
+            if terms
+            else fmt_seconds(s["comm_s"])
+        )
         rows.append(
             f"| {s['index']}{mark} | {s['num_nodes']} | `{s['first_node']}` → `{s['last_node']}` "
             f"| {fmt_flops(s['flops'])} | {fmt_bytes(s['weight_bytes'])} | {fmt_bytes(s['activation_bytes'])} "
@@ -57,12 +68,16 @@ def _timed_rows(report: Mapping[str, Any], a: Mapping[str, Any]) -> list[str]:
     measured = list(a["details"]["stage_times_s"])
     bench = a.get("benchmark") or {}
     where = measurement(report, a)
-    lines = [f"Attempt {a['index']} ({a.get('cost_model', 'analytic')} cost model): predicted for "
-             f"`{report['target']['name']}`, measured with {where.where}. Balance = slowest / mean stage: "
-             "1.00 is a perfect pipeline.", ""]
+    lines = [
+        f"Attempt {a['index']} ({a.get('cost_model', 'analytic')} cost model): predicted for "
+        f"`{report['target']['name']}`, measured with {where.where}. Balance = slowest / mean stage: "
+        "1.00 is a perfect pipeline.",
+        "",
+    ]
     if where.same_device:
         lines += [
-            "| | per stage | balance | throughput |", "|---|---|---|---|",
+            "| | per stage | balance | throughput |",
+            "|---|---|---|---|",
             f"| predicted | {', '.join(fmt_seconds(x) for x in predicted)} | {_balance(predicted)} | |",
             f"| measured | {', '.join(fmt_seconds(x) for x in measured)} | {_balance(measured)} "
             f"| {bench.get('throughput_per_s', 0):.1f}/s |",
@@ -70,8 +85,10 @@ def _timed_rows(report: Mapping[str, Any], a: Mapping[str, Any]) -> list[str]:
     else:
         lines += [
             "Different devices, so the absolute times do not compare; the shapes do: each stage's share "
-            "of its profile's total.", "",
-            "| | share per stage | balance | time per stage |", "|---|---|---|---|",
+            "of its profile's total.",
+            "",
+            "| | share per stage | balance | time per stage |",
+            "|---|---|---|---|",
             f"| predicted ({report['target']['name']}) | {', '.join(f'{x:.0%}' for x in shares(predicted))} "
             f"| {_balance(predicted)} | {', '.join(fmt_seconds(x) for x in predicted)} |",
             f"| measured ({where.where}) | {', '.join(f'{x:.0%}' for x in shares(measured))} "
@@ -86,8 +103,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"# sharderd report: {model['name']}",
         "",
         f"- status: **{status_label(report)}** (backend `{report['backend']}`)"
-        + ("; onnxruntime built and ran the stage sessions and checked their outputs: nothing was compiled"
-           if status_label(report) != report["status"] else ""),
+        + (
+            "; onnxruntime built and ran the stage sessions and checked their outputs: nothing was compiled"
+            if status_label(report) != report["status"]
+            else ""
+        ),
         f"- model: {model['nodes']} nodes, {fmt_flops(model['flops'])} per batch of {report['batch_size']}, "
         f"weights {fmt_bytes(model['weight_bytes'])}"
         + (f" ({fmt_bytes(model['external_bytes'])} external)" if model["external_bytes"] else "")
@@ -106,14 +126,22 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             f"- slowest stage: {plan['slowest_stage']}, {fmt_seconds(plan['bottleneck_s'])} per batch "
             f"(lower bound {fmt_seconds(plan['lower_bound_s'])}, ratio {plan['ratio_to_bound']:.3f})",
             f"- predicted throughput: {plan['predicted_throughput_per_s']:.1f} samples/s on `{target['name']}` (cost model)"
-            + (f"; measured {report['benchmark']['throughput_per_s']:.1f} samples/s with {measurement(report).where}"
-               + ("" if measurement(report).same_device else ", a different device: the two numbers do not compare")
-               if (report.get("benchmark") or {}).get("throughput_per_s") else "")
+            + (
+                f"; measured {report['benchmark']['throughput_per_s']:.1f} samples/s with {measurement(report).where}"
+                + (
+                    ""
+                    if measurement(report).same_device
+                    else ", a different device: the two numbers do not compare"
+                )
+                if (report.get("benchmark") or {}).get("throughput_per_s")
+                else ""
+            )
             if plan["predicted_throughput_per_s"]
             else "- predicted throughput: n/a",
             f"- order `{plan['order']}` (tried: "
             + ", ".join(
-                f"{name} {fmt_seconds(v) if v is not None else 'no fit'}" for name, v in plan["orders_tried"].items()
+                f"{name} {fmt_seconds(v) if v is not None else 'no fit'}"
+                for name, v in plan["orders_tried"].items()
             )
             + f"); safety margin {plan['safety_margin']:g}; plan digest `{plan['digest']}`",
             "",
@@ -122,15 +150,31 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         if plan["cuts"]:
             lines += ["", "### Cuts", ""]
             for cut in plan["cuts"]:
-                names = ", ".join(f"`{t['name']}` ({fmt_bytes(t['bytes'])})" for t in cut["tensors"][:6])
+                names = ", ".join(
+                    f"`{t['name']}` ({fmt_bytes(t['bytes'])})" for t in cut["tensors"][:6]
+                )
                 more = f" and {len(cut['tensors']) - 6} more" if len(cut["tensors"]) > 6 else ""
-                lines.append(f"- stage {cut['cut'] - 1} → {cut['cut']}: {fmt_bytes(cut['bytes'])}: {names}{more}")
+                lines.append(
+                    f"- stage {cut['cut'] - 1} → {cut['cut']}: {fmt_bytes(cut['bytes'])}: {names}{more}"
+                )
         if plan["routed_inputs"]:
-            lines += ["", "### Graph inputs routed through an Identity (PopART streams an input to one IPU)", ""]
+            lines += [
+                "",
+                "### Graph inputs routed through an Identity (PopART streams an input to one IPU)",
+                "",
+            ]
             for r in plan["routed_inputs"]:
-                lines.append(f"- `{r['input']}` read on stages {r['stages']}: `{r['node']}` on stage {r['stages'][0]}")
+                lines.append(
+                    f"- `{r['input']}` read on stages {r['stages']}: `{r['node']}` on stage {r['stages'][0]}"
+                )
     if report["attempts"]:
-        lines += ["", "## Compile attempts", "", "| # | outcome | duration | options | detail |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Compile attempts",
+            "",
+            "| # | outcome | duration | options | detail |",
+            "|---|---|---|---|---|",
+        ]
         for k, a in enumerate(report["attempts"]):
             lines.append(
                 f"| {k} | {a.get('outcome')} | {a.get('duration_s', 0):.1f} s | {a.get('label', '')} | "
@@ -143,7 +187,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             lines += _timed_rows(report, a)
     if report.get("verification"):
         v = report["verification"]
-        lines += ["", f"## Verification: {'passed' if v.get('passed') else 'FAILED'} (rtol {v.get('rtol')}, atol {v.get('atol')})", ""]
+        lines += [
+            "",
+            f"## Verification: {'passed' if v.get('passed') else 'FAILED'} (rtol {v.get('rtol')}, atol {v.get('atol')})",
+            "",
+        ]
         lines += ["| output | max abs error | max rel error | result |", "|---|---|---|---|"]
         for name, o in (v.get("outputs") or {}).items():
             lines.append(

@@ -15,8 +15,12 @@ from typing import Any, Final
 __all__ = ["Measurement", "amp_of", "measurement", "shares", "status_label"]
 
 _PROVIDER_KINDS: Final = {
-    "CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "gpu", "TensorrtExecutionProvider": "gpu",
-    "ROCMExecutionProvider": "gpu", "MIGraphXExecutionProvider": "gpu", "DmlExecutionProvider": "gpu",
+    "CPUExecutionProvider": "cpu",
+    "CUDAExecutionProvider": "gpu",
+    "TensorrtExecutionProvider": "gpu",
+    "ROCMExecutionProvider": "gpu",
+    "MIGraphXExecutionProvider": "gpu",
+    "DmlExecutionProvider": "gpu",
 }
 
 
@@ -34,13 +38,22 @@ def measurement(report: Mapping[str, Any], attempt: Mapping[str, Any] | None = N
     kind, name = target.get("kind"), target.get("name", "?")
     backend = str(report.get("backend"))
     if attempt is None:
-        attempt = next((a for a in report.get("attempts") or () if a.get("index") == report.get("chosen_attempt")), {})
+        attempt = next(
+            (
+                a
+                for a in report.get("attempts") or ()
+                if a.get("index") == report.get("chosen_attempt")
+            ),
+            {},
+        )
     if backend == "poprt":
         return Measurement(f"PopRT on the IPUs of this host (target {name})", kind == "ipu")
     providers = [str(p) for p in ((attempt.get("details") or {}).get("providers") or ())]
     kinds = {_PROVIDER_KINDS.get(p, "?") for p in providers}
     shown = ", ".join(providers) or "its default provider"
-    return Measurement(f"{backend} ({shown}) on the host that ran sharderd", bool(providers) and kinds == {kind})
+    return Measurement(
+        f"{backend} ({shown}) on the host that ran sharderd", bool(providers) and kinds == {kind}
+    )
 
 
 def shares(times: Sequence[float]) -> list[float]:

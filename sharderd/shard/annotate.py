@@ -81,7 +81,9 @@ def _unique(base: str, taken: set[str]) -> str:
     return name
 
 
-def annotate(model: onnx.ModelProto, flow: Dataflow, assignment: np.ndarray) -> tuple[RoutedInput, ...]:
+def annotate(
+    model: onnx.ModelProto, flow: Dataflow, assignment: np.ndarray
+) -> tuple[RoutedInput, ...]:
     """Annotate ``model`` in place with one device per stage; ``assignment[node]`` is its stage.
 
     ``flow`` must describe ``model.graph`` as it is now (the node list is not reordered).
@@ -144,11 +146,15 @@ def check_annotation(model: onnx.ModelProto) -> list[str]:
             continue
         ipu, stage = values[IPU_ATTR].i, values[STAGE_ATTR].i
         if ipu != stage:
-            problems.append(f"node {node.name!r}: stage {stage} on device {ipu} (one device per stage)")
+            problems.append(
+                f"node {node.name!r}: stage {stage} on device {ipu} (one device per stage)"
+            )
         stage_of[node.name] = stage
         for body in _bodies(node):
             for inner in _walk(body):
-                inner_stage = {a.name: a.i for a in inner.attribute if a.name in (IPU_ATTR, STAGE_ATTR)}
+                inner_stage = {
+                    a.name: a.i for a in inner.attribute if a.name in (IPU_ATTR, STAGE_ATTR)
+                }
                 if inner_stage.get(STAGE_ATTR) != stage or inner_stage.get(IPU_ATTR) != ipu:
                     problems.append(f"node {inner.name!r} inside {node.name!r} is not on its stage")
         for out in node.output:

@@ -63,7 +63,13 @@ def write_converted(model: onnx.ModelProto, path: Path) -> list[Path]:
         return []
     data = path.with_name(path.name.removesuffix(".onnx") + ".data")
     tmp = path.with_name(f".{path.name}.tmp")
-    onnx.save_model(model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=1024)
+    onnx.save_model(
+        model,
+        str(tmp),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=data.name,
+        size_threshold=1024,
+    )
     tmp.replace(path)
     return [data]

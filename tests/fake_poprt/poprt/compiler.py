@@ -357,7 +357,9 @@ class _Graph:
     def operand_bytes(self, index: int) -> int:
         """A node's non-weight inputs and outputs: what its temporaries and exchange scale with."""
         node = self.nodes[index]
-        return sum(self.bytes_of(n) for n in [*node.input, *node.output] if n and n not in self.weights)
+        return sum(
+            self.bytes_of(n) for n in [*node.input, *node.output] if n and n not in self.weights
+        )
 
     def debug_name(self, index: int) -> str:
         node = self.nodes[index]
@@ -580,7 +582,9 @@ def _worst_tile_bytes(
     else:
         worst = (compute + streams) / compute_tiles * truth.imbalance + truth.tile_overhead
     if truth.op_tiles > 0:
-        worst = np.maximum(worst, _largest_op_tile(graph, ipus, compute, options, knobs, compute_tiles))
+        worst = np.maximum(
+            worst, _largest_op_tile(graph, ipus, compute, options, knobs, compute_tiles)
+        )
     if truth.noise > 0:
         worst = worst * (1.0 + truth.noise * _noise(graph, ipus, n_ipus, options))
     return np.ceil(worst).astype(np.int64)
@@ -603,7 +607,11 @@ def _largest_op_tile(
     for k, node in enumerate(graph.nodes):
         operands = graph.operand_bytes(k)
         weights = sum(graph.weights.get(n, 0) for n in node.input if n) * truth.weight_factor
-        temp = truth.temp_factor * partials * operands * amp / 0.6 if node.op_type in _PLANNED_OPS else 0.0
+        temp = (
+            truth.temp_factor * partials * operands * amp / 0.6
+            if node.op_type in _PLANNED_OPS
+            else 0.0
+        )
         biggest[ipus[k]] = max(biggest[ipus[k]], operands + weights + temp)
     op_tiles = max(truth.op_tiles * compute_tiles, 1.0)
     rest = np.maximum(compute - biggest, 0.0) / compute_tiles

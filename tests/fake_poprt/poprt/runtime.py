@@ -41,7 +41,9 @@ def _runtime_knobs() -> dict[str, float]:
     values = json.loads(raw) if raw else {}
     unknown = set(values) - set(_RUNTIME_DEFAULTS)
     if unknown:
-        raise ValueError(f"FAKE_POPRT_RUNTIME: unknown keys {sorted(unknown)} (known: {sorted(_RUNTIME_DEFAULTS)})")
+        raise ValueError(
+            f"FAKE_POPRT_RUNTIME: unknown keys {sorted(unknown)} (known: {sorted(_RUNTIME_DEFAULTS)})"
+        )
     return {**_RUNTIME_DEFAULTS, **{k: float(v) for k, v in values.items()}}
 
 
@@ -127,7 +129,9 @@ class Runner:
         flops = self._popef.get("stage_flops") or [0]
         sends = self._popef.get("stage_send_bytes") or [0] * len(flops)
         cap = knobs["stage_cap_s"]
-        self.stage_s = tuple(min(knobs["stage_base_s"] + f / knobs["flops_per_s"], cap) for f in flops)
+        self.stage_s = tuple(
+            min(knobs["stage_base_s"] + f / knobs["flops_per_s"], cap) for f in flops
+        )
         self.send_s = tuple(min(b / knobs["link_bytes_per_s"], cap) for b in sends)
         self._free_at = [0.0] * len(self.stage_s)
         self._link_free_at = [0.0] * len(self.stage_s)
