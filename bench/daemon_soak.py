@@ -1,6 +1,6 @@
 """Reliability soak of ``sharderd run`` at full size: the kill -9 loop, the burst, the bad-input corpus.
 
-The same functions as the CI tests in ``tests/test_daemon_faults.py``, at sizes CI cannot afford;
+The same functions as the CI tests in ``tests/daemon/test_daemon_faults.py``, at sizes CI cannot afford;
 each asserts its own invariants (exactly once, byte-identical results, nothing left behind) and
 raises on the first violation, so a finished run is a passed run:
 
@@ -43,7 +43,7 @@ from _common import (  # bench/ is on sys.path
 )
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "tests"), str(REPO)]
+sys.path[:0] = [str(REPO / "tests" / "daemon"), str(REPO / "tests"), str(REPO)]
 
 from test_daemon_faults import (  # noqa: E402  (after the path set-up)
     FLAT_RSS_BYTES,

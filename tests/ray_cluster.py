@@ -15,10 +15,12 @@ import json
 import os
 import secrets
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -114,9 +116,13 @@ class RayCluster:
     port: int = field(default_factory=free_port)
     token_path: Path = field(init=False)
     nodes: list[Node] = field(default_factory=list)
+    ray_temp: Path = field(init=False)
+    """Ray's session folder, kept short: its AF_UNIX socket paths must fit 107 bytes, which a
+    pytest (let alone pytest-xdist) tmp_path does not leave room for."""
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        self.ray_temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
         self.token_path = self.root / "auth_token"
         self.token_path.write_text(secrets.token_hex(32))
         self.token_path.chmod(0o600)
@@ -163,6 +169,8 @@ class RayCluster:
         taken = {self.port}
         for flag in ports:
             port = free_port()
+            while port in taken:  # a port just released can come back: Ray refuses a repeat
+                port = free_port()
             taken.add(port)
             argv.append(f"{flag}={port}")
         argv += _worker_ports(taken)
@@ -186,6 +194,7 @@ class RayCluster:
         return node
 
     def start_head(self) -> Node:
+        self.ray_temp.mkdir(exist_ok=True)
         return self._start(
             "head",
             [
@@ -193,7 +202,7 @@ class RayCluster:
                 f"--port={self.port}",
                 "--include-dashboard=false",
                 "--num-cpus=1",
-                f"--temp-dir={self.root / 'ray'}",
+                f"--temp-dir={self.ray_temp}",
             ],
             head=True,
         )
@@ -213,6 +222,7 @@ class RayCluster:
         for node in reversed(self.nodes):
             node.stop()
         self.nodes.clear()
+        shutil.rmtree(self.ray_temp, ignore_errors=True)
 
     def listening(self) -> list[str]:
         """Local addresses of every TCP/UDP socket listening in a process of this cluster."""

@@ -376,7 +376,15 @@ def test_readme_says_above_the_test_command_how_many_report_tests_skip_without_c
     assert note.startswith("#") and "chromium" in note
     count = int(re.search(r"skips the (\d+) report", note).group(1))  # type: ignore[union-attr]
     collected = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/test_report_html.py"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-n0",  # list in this process, not through pytest-xdist's workers
+            "tests/report/test_report_html.py",
+        ],
         cwd=REPO,
         text=True,
         capture_output=True,

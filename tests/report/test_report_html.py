@@ -2,7 +2,7 @@
 Chromium, then checked in the DOM Chromium built and in the pixels of its screenshot.
 
 Needs Debian's ``chromium`` (.ci/run installs it). Refresh docs/report.png with
-``SHARDERD_UPDATE_REPORT_PNG=1 python -m pytest tests/test_report_html.py``.
+``SHARDERD_UPDATE_REPORT_PNG=1 python -m pytest tests/report/test_report_html.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pytest
 from sharderd import examples
 from sharderd.units import fmt_bytes, fmt_seconds
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "fake_poprt"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(

@@ -36,7 +36,7 @@ from sharderd.daemon.sidecar import load_sidecar
 from sharderd.errors import EXIT_BAD_INPUT, EXIT_OK, ConfigError
 from sharderd.target import BUILTIN_TARGETS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PARALLEL = max(2, min(8, os.cpu_count() or 2))
 MAX_RSS_BYTES = 512 * 1024**2
 """Any case, the 10 GiB sparse model included: the CLI never holds weights in memory."""

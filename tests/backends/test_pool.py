@@ -15,7 +15,7 @@ import pytest
 from sharderd.backends.pool import AttemptPool, run_process
 from sharderd.childenv import SYSTEMD_ONLY_ENV as STRIPPED_ENV
 
-CHILDREN = Path(__file__).parent / "children"
+CHILDREN = Path(__file__).parent.parent / "children"
 MIB = 1 << 20
 
 

@@ -14,7 +14,7 @@ import pytest
 from sharderd.daemon.journal import JobRecord, Journal, recover
 from sharderd.daemon.outbox import publish, tmp_dir_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHA_A = "a" * 64
 SHA_B = "b" * 64
 

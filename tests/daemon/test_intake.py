@@ -26,7 +26,7 @@ from sharderd.daemon.intake import (
 )
 from sharderd.daemon.renames import RenameWatch, parse_events
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAST_NS = 1_600_000_000 * 10**9
 
 

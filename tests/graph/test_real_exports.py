@@ -23,7 +23,7 @@ from sharderd.config import PlanConfig
 from sharderd.graph.analyze import Analysis, analyze
 from sharderd.graph.load import load_model
 
-MODELS = Path(__file__).resolve().parent / "data" / "models"
+MODELS = Path(__file__).resolve().parent.parent / "data" / "models"
 MANIFEST: dict[str, dict[str, Any]] = json.loads((MODELS / "manifest.json").read_text())
 FLOPS_TOLERANCE = 0.10
 KNOWN_GAPS = {

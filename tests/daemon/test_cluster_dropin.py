@@ -7,7 +7,7 @@ from pathlib import Path
 
 from test_systemd_unit import analyze, install_unit, needs_analyze
 
-DROPIN = Path(__file__).resolve().parent.parent / "systemd" / "ray-cluster.conf"
+DROPIN = Path(__file__).resolve().parents[2] / "systemd" / "ray-cluster.conf"
 
 
 def _service() -> dict[str, list[str]]:

@@ -15,7 +15,7 @@ import pytest
 
 from sharderd import examples
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "fake_poprt"
 TILES = 24
 CONFIG = f"""

@@ -21,7 +21,7 @@ from sharderd.config import PlanConfig
 from sharderd.engine import analyze_file
 from tests.daemon_helpers import drop, running, write_config
 
-DATA = Path(__file__).resolve().parent / "data" / "models"
+DATA = Path(__file__).resolve().parent.parent / "data" / "models"
 MANIFEST: dict[str, dict[str, Any]] = json.loads((DATA / "manifest.json").read_text())
 ORIGINAL_FIVE = ["tiny_bert", "tiny_efficientnet", "tiny_gpt2", "tiny_unet", "tiny_vit"]
 

@@ -24,7 +24,7 @@ from sharderd.daemon.outbox import (
 )
 from sharderd.errors import ConfigError, ModelInvalidError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ from sharderd.cluster.staging import stage_attempt  # noqa: E402
 from sharderd.cluster.sweeper import sweeper_pid  # noqa: E402
 from sharderd.config import ClusterConfig  # noqa: E402
 
-ARTIFACT_WORKER = Path(__file__).parent / "children" / "artifact_worker.py"
+ARTIFACT_WORKER = Path(__file__).parent.parent / "children" / "artifact_worker.py"
 KILL_GRACE = 1.0
 _PR_SET_CHILD_SUBREAPER = 36
 

@@ -28,7 +28,7 @@ from sharderd.backends import poprt as backend
 from sharderd.backends.poprt_errors import parse_compile_error
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest, OomInfo
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "fake_poprt"
 FAKE_VARS = (
     "FAKE_POPRT_TILES",

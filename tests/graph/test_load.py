@@ -20,7 +20,7 @@ from sharderd import examples
 from sharderd.errors import ModelInvalidError
 from sharderd.graph.load import load_model
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _load_error(path: Path) -> str:

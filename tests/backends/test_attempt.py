@@ -13,7 +13,7 @@ from sharderd.backends.attempt import REQUEST_NAME, RESULT_NAME, run_attempt
 from sharderd.backends.pool import AttemptPool
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest, OomInfo
 
-FAKE_WORKER = Path(__file__).parent / "children" / "fake_worker.py"
+FAKE_WORKER = Path(__file__).parent.parent / "children" / "fake_worker.py"
 
 
 @pytest.fixture

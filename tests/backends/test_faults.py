@@ -25,7 +25,7 @@ from sharderd.backends.attempt import RESULT_NAME, run_attempt
 from sharderd.backends.pool import AttemptPool
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HANG_TIMEOUT = 2.0
 """Long enough for a loaded machine to start the worker and write its pid file."""
 KILL_GRACE = 0.5

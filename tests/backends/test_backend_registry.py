@@ -23,7 +23,7 @@ from sharderd.backends.registry import (
 )
 from sharderd.errors import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _worker(tmp_path: Path, backend: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

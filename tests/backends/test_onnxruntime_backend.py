@@ -35,7 +35,7 @@ from sharderd.graph.dataflow import build_dataflow
 from sharderd.shard.annotate import annotate
 from sharderd.target import BUILTIN_TARGETS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 CASES = [
     ("transformer", 3),

@@ -21,7 +21,7 @@ import pytest
 
 from sharderd.config import load_config
 
-SYSTEMD_DIR = Path(__file__).resolve().parent.parent / "systemd"
+SYSTEMD_DIR = Path(__file__).resolve().parents[2] / "systemd"
 UNIT = SYSTEMD_DIR / "sharderd.service"
 DROPIN = SYSTEMD_DIR / "ipu-devices.conf"
 SYSUSERS = SYSTEMD_DIR / "sharderd.sysusers"
