@@ -236,6 +236,27 @@ class DaemonProcess:
             self.pump(min(left, 0.5))
         return True
 
+    def wait_status(
+        self,
+        run_dir: Path,
+        done: Callable[[dict[str, Any]], bool],
+        what: str,
+        timeout: float = 10.0,
+    ) -> dict[str, Any]:
+        """Read until ``run_dir/status.json`` (replaced atomically by the daemon) satisfies ``done``."""
+        seen: list[dict[str, Any]] = []
+
+        def check() -> bool:
+            try:
+                status = json.loads((run_dir / "status.json").read_text())
+            except (OSError, ValueError):
+                return False
+            seen[:] = [status]
+            return done(status)
+
+        self.wait_until(check, timeout, f"status.json: {what}")
+        return seen[0]
+
     def tail(self, n: int = 25) -> str:
         lines = [json.dumps(ln) for ln in self.lines[-n:]]
         return "last log lines:\n" + "\n".join(lines) + f"\nstderr:\n{self.stderr[-3000:]}"

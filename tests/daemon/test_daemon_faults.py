@@ -672,7 +672,8 @@ def test_disk_full_jobs_wait_in_processing_and_finish_once_space_returns(small_f
         assert results(root / "outbox") == [] and list((root / "state" / "failed").iterdir()) == []
         ballast.unlink()
         daemon.wait_for("job.succeeded", count=2, timeout=30)
-        daemon.pump(0.6)  # a status write with room again, so a stale temp file would show
+        # a status write with room again, so a stale temp file would show
+        daemon.wait_status(root / "run", lambda s: s["queue"]["succeeded"] == 2, "2 succeeded")
         assert len(daemon.events("job.claimed")) == 2
         assert daemon.stop() == 0
     check_exactly_once(root, sources)
@@ -694,7 +695,8 @@ def test_disk_too_full_for_the_result_fails_the_job_with_the_reason(small_fs: Pa
         ballast.unlink()
         drop(small, root / "inbox")
         daemon.wait_for("job.succeeded", name="small", timeout=30)
-        daemon.pump(0.6)  # a status write with room again, so a stale temp file would show
+        # a status write with room again, so a stale temp file would show
+        daemon.wait_status(root / "run", lambda s: s["queue"]["succeeded"] == 1, "1 succeeded")
         assert daemon.stop() == 0
     error = json.loads((root / "state" / "failed" / "big" / "error.json").read_text())
     assert error["reason"] != "internal_error", error

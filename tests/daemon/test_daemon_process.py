@@ -335,8 +335,9 @@ def test_sigterm_kills_attempts_exits_0_and_resumes_after_restart(root: Path) ->
         for name in ("p", "q"):
             drop(root / "models" / f"{name}.onnx", root / "inbox")
         daemon.wait_for("attempt.started", count=2)
-        daemon.pump(0.6)  # let the status publisher catch up
-        status = json.loads((root / "run" / "status.json").read_text())
+        status = daemon.wait_status(
+            root / "run", lambda s: s["pool"]["busy"] == 2, "both compiles in the pool"
+        )
         assert status["pid"] == daemon.pid and status["state"] == "ready"
         assert status["queue"]["running"] == 2 and status["pool"]["busy"] == 2
         assert {j["stage"] for j in status["running"]} == {"compiling"}
