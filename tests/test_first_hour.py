@@ -445,3 +445,21 @@ def test_every_broken_corpus_model_dropped_into_the_daemon_gets_an_error_md_whos
         for command in commands:
             if not command.startswith("sharderd retry "):
                 check_diagnostic(command, tmp_path)
+
+
+def test_readme_main_job_runs_as_written_from_a_fresh_folder(tmp_path: Path) -> None:
+    """README's first command after its install step, in an empty folder with relative paths (as
+    a new user types it): the sharded model is written and verified against the user's own file.
+    (The attempt runs in its own folder: a relative reference path once made this exit 1.)"""
+    pytest.importorskip("onnxruntime")
+    block = README[README.index("```bash\n") + 8 :].splitlines()
+    first = block[0]
+    assert first.startswith("python3 -m pip install ") and " && sharderd " in first
+    job = first.split(" && ", 1)[1].replace("sharderd ", f"{sys.executable} -m sharderd.cli ")
+    done = subprocess.run(
+        job, shell=True, cwd=tmp_path, text=True, capture_output=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "example-transformer.sharded" / "report.json").read_text())
+    assert report["status"] == "compiled"
+    assert report["verification"]["passed"] is True, report["verification"]

@@ -159,7 +159,10 @@ def attempt_options(
                 if input_shapes
                 else {}
             ),
-            **({"reference_model": str(reference_model)} if reference_model else {}),
+            # absolute: the attempt runs in its own folder, not the user's working directory
+            **(
+                {"reference_model": str(Path(reference_model).resolve())} if reference_model else {}
+            ),
             **({"write_stages_dir": stages_dir} if ort.write_stages and stages_dir else {}),
         }
     return {}
