@@ -52,14 +52,7 @@ class BenchmarkResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, as reports and the outcome file carry it."""
-        return {
-            "latency_s": self.latency_s,
-            "throughput_per_s": self.throughput_per_s,
-            "runs": self.runs,
-            "stage_times_s": list(self.stage_times_s),
-            "spread_s": self.spread_s,
-            "in_flight": self.in_flight,
-        }
+        return {**asdict(self), "stage_times_s": list(self.stage_times_s)}
 
     def period_s(self, batch_size: int) -> float:
         """Seconds per batch at the measured throughput (the pipeline's slowest stage, measured)."""

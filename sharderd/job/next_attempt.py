@@ -318,15 +318,7 @@ class NextAttempt(ProverState):
             a.index: a for a in self.attempts if a.outcome is not None and a.outcome.outcome == "ok"
         }
         choice = best_compiled(
-            [
-                Compiled(
-                    a.index,
-                    a.predicted_s,
-                    a.throughput,
-                    a.outcome.benchmark.latency_s if a.outcome and a.outcome.benchmark else None,
-                )
-                for a in oks.values()
-            ],
+            [Compiled(a.index, a.predicted_s, a.throughput) for a in oks.values()],
             by_measurement=self.optimal_perf or self.measured_times is not None,
         )
         return None if choice is None else oks[choice.attempt]

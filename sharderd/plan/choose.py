@@ -22,9 +22,8 @@ class Compiled:
     predicted_s: float
     """The plan's predicted slowest stage (seconds per batch)."""
     throughput_per_s: float | None = None
-    """Measured samples/s with batches in flight; None when not benchmarked."""
-    latency_s: float | None = None
-    """Measured seconds for one batch alone (reported; not a ranking key)."""
+    """Measured samples/s with batches in flight; None when not benchmarked. (A lone batch's
+    latency is reported, never ranked, so the choice does not carry it.)"""
 
 
 def best_compiled(compiled: Sequence[Compiled], *, by_measurement: bool) -> Compiled | None:
