@@ -14,7 +14,9 @@ from sharderd.errors import ConfigError, PlanInfeasibleError
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.bounds import lower_bound_all_splits
 from sharderd.plan.build import build_plan
-from sharderd.plan.ideals import solve_ideals
+from sharderd.plan.contract import Groups, contract
+from sharderd.plan.group_ideals import solve_groups
+from sharderd.plan.ideals import IdealSplit, solve_ideals
 from sharderd.plan.infeasible import infeasible_exact, infeasible_proof
 from sharderd.plan.order import candidate_orders
 from sharderd.plan.ordered_costs import OrderedCosts, calibrated_compute_s, ordered_costs
@@ -93,33 +95,25 @@ def plan_stages(
             raise infeasible_exact(
                 analysis, target, compute_s, reference, devices, safety_margin, scale, exact.ideals
             )
-        order = _canonical_order(exact.assignment, reference)
-        oc = ordered_costs(analysis, target, order, compute_s)
-        bounds = (0, *np.cumsum(np.bincount(exact.assignment, minlength=devices)).tolist())
-        partition = Partition(
-            bounds=tuple(int(b) for b in bounds),
-            bottleneck_s=max(oc.stage_time(a, b) for a, b in itertools.pairwise(bounds)),
-            probes=0,
-        )
-        plan = build_plan(
+        plan = _plan_of_split(
             analysis,
-            oc,
-            "ideals",
-            partition,
             target,
+            compute_s,
+            reference,
+            exact.assignment,
             caps,
             safety_margin,
             scale,
             bound=bound,
-            overhead_per_node=overhead,
+            overhead=overhead,
+            method="ideals",
         )
         timings["total"] = time.perf_counter() - t0
         return replace(
             plan,
             timings_s=timings,
-            method="ideals",
             proven_optimal=True,
-            orders_tried={"ideals": partition.bottleneck_s},
+            claim=f"optimal over every valid split (DP over all {exact.ideals} ideals)",
         )
 
     tried: dict[str, float | None] = {}
@@ -137,6 +131,54 @@ def plan_stages(
             best is None or partition.bottleneck_s < best[0].bottleneck_s * (1 - gain)
         ):
             best = (partition, oc, name)
+    t1 = time.perf_counter()
+    groups = contract(analysis)
+    upper = np.inf if best is None else best[0].bottleneck_s
+    met = best is not None and upper <= bound * (1 + 1e-9)
+    grouped = (
+        None
+        if met
+        else solve_groups(
+            analysis,
+            target,
+            compute_s,
+            reference,
+            caps,
+            groups,
+            require_costed=require_costed,
+            upper_bound=upper,
+        )
+    )
+    timings["solve.contracted"] = time.perf_counter() - t1
+    if (
+        grouped is not None
+        and grouped.assignment is not None
+        and grouped.bottleneck_s < upper * (1 - 1e-9)
+    ):
+        plan = _plan_of_split(
+            analysis,
+            target,
+            compute_s,
+            reference,
+            grouped.assignment,
+            caps,
+            safety_margin,
+            scale,
+            bound=bound,
+            overhead=overhead,
+            method="contracted" if groups.merged else "ideals",
+        )
+        tried[plan.method] = plan.bottleneck_s
+        timings["total"] = time.perf_counter() - t0
+        meets = bool(plan.bottleneck_s <= bound * (1 + 1e-9))
+        return replace(
+            plan,
+            orders_tried=tried,
+            timings_s=timings,
+            proven_optimal=meets or groups.merged == 0,
+            claim=_contracted_claim(grouped.ideals, groups, meets),
+        )
+    searched = _searched(grouped, groups)
     if best is None:
         assert first_oc is not None
         proof = infeasible_proof(analysis, target, devices, safety_margin, scale)
@@ -181,7 +223,12 @@ def plan_stages(
         )
         timings["total"] = time.perf_counter() - t0
         return replace(
-            plan, orders_tried=tried, timings_s=timings, probes=partition.probes, method="overfull"
+            plan,
+            orders_tried=tried,
+            timings_s=timings,
+            probes=partition.probes,
+            method="overfull",
+            claim=f"no split found within the estimate and none proven impossible; {searched}",
         )
     partition, oc, name = best
     plan = build_plan(
@@ -197,14 +244,20 @@ def plan_stages(
         overhead_per_node=overhead,
     )
     timings["total"] = time.perf_counter() - t0
-    proven = bool(partition.bottleneck_s <= bound * (1 + 1e-9))
+    meets = bool(partition.bottleneck_s <= bound * (1 + 1e-9))
+    exhaustive = grouped is not None and not groups.merged
     return replace(
         plan,
         orders_tried=tried,
         timings_s=timings,
         probes=partition.probes,
         method="orders",
-        proven_optimal=proven,
+        proven_optimal=meets or exhaustive,
+        claim=(
+            "meets the lower bound: no valid split is faster"
+            if meets
+            else f"exact on each candidate order ({', '.join(tried)}); {searched}"
+        ),
     )
 
 
@@ -232,3 +285,67 @@ def _least_overfull(
     found = solve(oc, caps * hi, require_costed=require_costed)
     assert found is not None
     return found, oc
+
+
+def _plan_of_split(
+    analysis: Analysis,
+    target: Target,
+    compute_s: np.ndarray,
+    reference: np.ndarray,
+    assignment: np.ndarray,
+    caps: np.ndarray,
+    safety_margin: float,
+    scale: np.ndarray,
+    *,
+    bound: float,
+    overhead: float,
+    method: str,
+) -> Plan:
+    """A plan from a stage per node, costed on the split's canonical order."""
+    devices = len(caps)
+    order = _canonical_order(assignment, reference)
+    oc = ordered_costs(analysis, target, order, compute_s)
+    bounds = (0, *np.cumsum(np.bincount(assignment, minlength=devices)).tolist())
+    partition = Partition(
+        bounds=tuple(int(b) for b in bounds),
+        bottleneck_s=max(oc.stage_time(a, b) for a, b in itertools.pairwise(bounds)),
+        probes=0,
+    )
+    plan = build_plan(
+        analysis,
+        oc,
+        method,
+        partition,
+        target,
+        caps,
+        safety_margin,
+        scale,
+        bound=bound,
+        overhead_per_node=overhead,
+    )
+    return replace(plan, method=method, orders_tried={method: partition.bottleneck_s})
+
+
+def _contracted_claim(ideals: int, groups: Groups, meets: bool) -> str:
+    if groups.merged == 0:
+        return f"optimal over every valid split (DP over all {ideals} ideals)"
+    kept = (
+        f"optimal over the splits that keep shape arithmetic and constant-only nodes with their "
+        f"neighbours ({len(groups.of_node)} nodes in {groups.count} groups; DP over {ideals} ideals)"
+    )
+    return kept + ("; it meets the lower bound, so no valid split is faster" if meets else "")
+
+
+def _searched(grouped: IdealSplit | None, groups: Groups) -> str:
+    """What the DP over the contracted graph showed when the order search's plan stands."""
+    if grouped is None:
+        return (
+            f"the DP over the contracted graph ({groups.count} groups) was past its limits, "
+            "so splits outside those orders were not searched"
+        )
+    if groups.merged:
+        return (
+            f"no split that keeps the {groups.count} groups of the contracted graph together is "
+            f"faster (DP over its {grouped.ideals} ideals)"
+        )
+    return f"no valid split is faster (DP over all {grouped.ideals} ideals)"

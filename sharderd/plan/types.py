@@ -83,11 +83,14 @@ class Plan:
     timings_s: Mapping[str, float] = field(default_factory=dict)
     probes: int = 0
     method: str = "orders"
-    """What produced the split: ``ideals`` (DP over every valid split), ``orders`` (exact on each
-    candidate order only) or ``overfull`` (no split found within the estimate, none proven
+    """What produced the split: ``ideals`` (DP over every valid split), ``contracted`` (the DP over
+    the contracted graph: optimal over splits that keep each group together), ``orders`` (exact
+    on each candidate order only) or ``overfull`` (no split found within the estimate, none proven
     impossible: the least overfull split, for a compile to decide)."""
     proven_optimal: bool = False
     """True when no valid split has a smaller bottleneck (exhaustive DP, or the plan meets the bound)."""
+    claim: str = ""
+    """What is known of this split's optimality, in words for the report."""
 
     @property
     def ratio_to_bound(self) -> float:

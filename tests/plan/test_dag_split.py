@@ -8,181 +8,24 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from dag_cases import TARGET, branchy_dags, evaluate, loaded, splits, valid_assignments
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from sharderd.config import PlanConfig
 from sharderd.errors import PlanInfeasibleError
 from sharderd.graph.analyze import Analysis, analyze
-from sharderd.graph.load import LoadedModel
+from sharderd.plan import group_ideals
 from sharderd.plan.order import candidate_orders
 from sharderd.plan.ordered_costs import calibrated_compute_s, ordered_costs
 from sharderd.plan.partition import solve
 from sharderd.plan.planner import lower_bound, plan_stages
 from sharderd.target import BUILTIN_TARGETS, Target
-
-H = 8
-TARGET = replace(
-    BUILTIN_TARGETS["ipu-mk2"],
-    link_bytes_per_s=2e6,
-    host_bytes_per_s=4e6,
-    op_overhead_s=1e-7,
-    code_bytes_per_node=256,
-)
-MAX_ASSIGNMENTS = 4000
-
-
-def _loaded(model: onnx.ModelProto) -> LoadedModel:
-    return LoadedModel(Path("random.onnx"), model, "0" * 64, model.ByteSize(), (), 0)
-
-
-@st.composite
-def branchy_dags(draw: st.DrawFn) -> onnx.ModelProto:
-    """MatMul (shared weights), Add (joins), Identity (free) over [1, H]; reads reach back a few
-    tensors, so branches, joins and skip edges all occur."""
-    n_inputs = draw(st.integers(1, 2))
-    n_nodes = draw(st.integers(2, 12))
-    n_weights = draw(st.integers(1, 3))
-    tensors = [f"in{i}" for i in range(n_inputs)]
-    nodes = []
-    for k in range(n_nodes):
-        kind = draw(st.sampled_from(["MatMul", "MatMul", "Add", "Identity"]))
-        window = tensors[-draw(st.integers(1, 4)) :]
-        a = draw(st.sampled_from(window))
-        out = f"t{k}"
-        if kind == "MatMul":
-            nodes.append(
-                helper.make_node(
-                    "MatMul", [a, f"w{draw(st.integers(0, n_weights - 1))}"], [out], name=f"n{k}"
-                )
-            )
-        elif kind == "Add":
-            nodes.append(
-                helper.make_node("Add", [a, draw(st.sampled_from(tensors))], [out], name=f"n{k}")
-            )
-        else:
-            nodes.append(helper.make_node("Identity", [a], [out], name=f"n{k}"))
-        tensors.append(out)
-    rng = np.random.default_rng(0)
-    used = {x for node in nodes for x in node.input}
-    inits = [
-        onnx.numpy_helper.from_array(rng.standard_normal((H, H)).astype(np.float32), f"w{i}")
-        for i in range(n_weights)
-        if f"w{i}" in used
-    ]
-    read = {x for node in nodes for x in node.input}
-    outputs = [t for t in tensors[n_inputs:] if t not in read] or [tensors[-1]]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [
-            helper.make_tensor_value_info(f"in{i}", TensorProto.FLOAT, [1, H])
-            for i in range(n_inputs)
-            if f"in{i}" in read
-        ],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, H]) for o in outputs],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def _valid_assignments(analysis: Analysis, k: int) -> list[list[int]] | None:
-    """Every assignment with every edge forward and every stage used; None when too many."""
-    flow = analysis.flow
-    order = flow.topo_order.tolist()
-    preds = [
-        {int(flow.producer[t]) for t in flow.inputs(q).tolist() if flow.producer[t] >= 0}
-        for q in range(flow.num_nodes)
-    ]
-    out: list[list[int]] = []
-    stage = [0] * flow.num_nodes
-
-    def walk(i: int) -> bool:
-        if i == len(order):
-            if len(set(stage)) == k:
-                out.append(list(stage))
-            return len(out) <= MAX_ASSIGNMENTS
-        q = order[i]
-        for s in range(max((stage[p] for p in preds[q]), default=0), k):
-            stage[q] = s
-            if not walk(i + 1):
-                return False
-        return True
-
-    return out if walk(0) else None
-
-
-def _evaluate(
-    analysis: Analysis, target: Target, assignment: list[int], k: int
-) -> tuple[float, list[int]]:
-    """(bottleneck, memory per stage) of one split, straight from the model's definition:
-    stages run one after the other, each in the reference order."""
-    flow, costs = analysis.flow, analysis.costs
-    n = flow.num_nodes
-    compute = calibrated_compute_s(analysis, target, None)
-    ref = next(iter(candidate_orders(flow).values())).tolist()
-    rank = {q: r for r, q in enumerate(ref)}
-    order = sorted(range(n), key=lambda q: (assignment[q], rank[q]))
-    pos = {q: i for i, q in enumerate(order)}
-    nb = costs.tensor_bytes.tolist()
-    span = {}
-    for t in range(flow.num_tensors):
-        readers = [pos[int(c)] for c in flow.consumers(t)]
-        p = int(flow.producer[t])
-        if p < 0 and not readers:
-            continue
-        origin = pos[p] if p >= 0 else min(readers)
-        span[t] = (origin, max(readers) if readers else origin, p < 0)
-    times, mems = [], []
-    for s in range(k):
-        members = [q for q in order if assignment[q] == s]
-        start, stop = pos[members[0]], pos[members[-1]] + 1
-        t_time = sum(compute[q] for q in members)
-        t_time += (
-            sum(nb[t] for q in members for t in flow.outputs(q).tolist() if flow.is_graph_output[t])
-            / target.host_bytes_per_s
-        )
-        t_time += (
-            sum(nb[t] for t, (o, _, inp) in span.items() if inp and start <= o < stop)
-            / target.host_bytes_per_s
-        )
-        cut_in = sum(nb[t] for t, (o, last, _) in span.items() if o < start <= last)
-        cut_out = sum(nb[t] for t, (o, last, _) in span.items() if o < stop <= last)
-        times.append(t_time + (cut_in + cut_out) / target.link_bytes_per_s)
-        weights = {int(w) for q in members for w in flow.weights(q)}
-        peak = 0
-        for q in members:
-            live = sum(nb[t] for t, (o, last, _) in span.items() if o < pos[q] <= last)
-            live += sum(nb[t] for t in flow.outputs(q).tolist())
-            live += sum(nb[t] for t, (o, _, inp) in span.items() if inp and o == pos[q])
-            peak = max(peak, live)
-        mems.append(
-            int(flow.weight_bytes[list(weights)].sum())
-            + peak
-            + target.code_bytes_per_node * len(members)
-        )
-    return max(times), mems
-
-
-def _splits(analysis: Analysis, target: Target, k: int) -> list[tuple[float, list[int]]]:
-    """(bottleneck, memory per stage) of every valid split that gives each stage real work."""
-    assignments = _valid_assignments(analysis, k)
-    assume(assignments is not None)
-    assert assignments is not None
-    costed = ((analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)).tolist()
-    require_costed = sum(costed) >= k
-    return [
-        _evaluate(analysis, target, a, k)
-        for a in assignments
-        if not require_costed
-        or all(any(costed[q] for q in range(len(a)) if a[q] == s) for s in range(k))
-    ]
 
 
 @settings(
@@ -201,19 +44,19 @@ def test_planner_is_optimal_over_every_valid_split(
     model: onnx.ModelProto, k: int, cap_fraction: float, short: int, scales: list[float]
 ) -> None:
     """Device memory is drawn from just below "some split fits" to "the fastest split fits", so caps bind."""
-    analysis = analyze(_loaded(model), PlanConfig())
+    analysis = analyze(loaded(model), PlanConfig())
     k = min(k, analysis.flow.num_nodes)
     scale = np.asarray(scales[:k])
-    splits = _splits(analysis, TARGET, k)
-    need = [max(m * f for m, f in zip(mems, scale, strict=True)) for _, mems in splits]
-    fastest = min(worst for worst, _ in splits)
+    cases = splits(analysis, TARGET, k)
+    need = [max(m * f for m, f in zip(mems, scale, strict=True)) for _, mems in cases]
+    fastest = min(worst for worst, _ in cases)
     lo = min(need)
-    hi = min(n for (worst, _), n in zip(splits, need, strict=True) if worst == fastest) * 1.02
+    hi = min(n for (worst, _), n in zip(cases, need, strict=True) if worst == fastest) * 1.02
     memory = lo * (0.85 + 0.14 * cap_fraction) if short == 0 else lo + cap_fraction * (hi - lo)
     target = replace(TARGET, memory_bytes=max(math.ceil(memory), 1))
     caps = target.memory_bytes / scale
     fitting = [
-        worst for worst, mems in splits if all(m <= c for m, c in zip(mems, caps, strict=True))
+        worst for worst, mems in cases if all(m <= c for m, c in zip(mems, caps, strict=True))
     ]
     if not fitting:
         with pytest.raises(PlanInfeasibleError) as info:
@@ -231,7 +74,7 @@ def test_planner_is_optimal_over_every_valid_split(
     assert plan.method == "ideals" and plan.proven_optimal
     assert plan.bottleneck_s == pytest.approx(expected, rel=1e-9)
     assert plan.lower_bound_s <= expected * (1 + 1e-12)
-    worst, mems = _evaluate(analysis, target, plan.assignment.tolist(), k)
+    worst, mems = evaluate(analysis, target, plan.assignment.tolist(), k)
     assert worst == pytest.approx(plan.bottleneck_s, rel=1e-9)
     assert [s.memory_bytes for s in plan.stages] == mems
     assert all(m <= c for m, c in zip(mems, caps, strict=True))
@@ -291,7 +134,7 @@ def _best_over_orders(
 def test_interleaved_branches_are_found() -> None:
     """Compute 3:3:1:1 with a wide input: the best split {a1, b1} | {a2, b2, join} is not contiguous
     in the file or depth-first order; the planner finds it (1.00× the brute-force optimum)."""
-    analysis = analyze(_loaded(_two_branches(shared=False)), PlanConfig())
+    analysis = analyze(loaded(_two_branches(shared=False)), PlanConfig())
     target = replace(BUILTIN_TARGETS["ipu-mk2"], link_bytes_per_s=1e7, host_bytes_per_s=1e9)
     names = analysis.flow.node_names
     measured = np.array(
@@ -309,7 +152,7 @@ def test_interleaved_branches_are_found() -> None:
 def test_interleaved_split_that_fits_is_no_exit_3() -> None:
     """Shared weights (a1, b1 share one, a2, b2 another) under a cap below both together: only the
     interleaved split fits, and the planner returns it instead of "does not fit"."""
-    analysis = analyze(_loaded(_two_branches(shared=True)), PlanConfig())
+    analysis = analyze(loaded(_two_branches(shared=True)), PlanConfig())
     w_big = 4096 * 4 * 4
     target = replace(TARGET, memory_bytes=int(w_big * 1.8), code_bytes_per_node=0)
     caps = np.full(2, float(target.memory_bytes))
@@ -344,10 +187,10 @@ def _input_with_two_readers() -> onnx.ModelProto:
 def test_bound_does_not_charge_host_input_to_one_reader() -> None:
     """The order bound charged x's host transfer to the Conv and exceeded a valid split; the bound
     over every split stays at or below the optimum, which the planner reaches."""
-    analysis = analyze(_loaded(_input_with_two_readers()), PlanConfig())
+    analysis = analyze(loaded(_input_with_two_readers()), PlanConfig())
     target = BUILTIN_TARGETS["ipu-mk2"]
     plan = plan_stages(analysis, target, 2, safety_margin=1.0)
-    optimum = min(_evaluate(analysis, target, a, 2)[0] for a in ([0, 1], [1, 0]))
+    optimum = min(evaluate(analysis, target, a, 2)[0] for a in ([0, 1], [1, 0]))
     assert plan.bottleneck_s == pytest.approx(optimum, rel=1e-9)
     old = lower_bound(ordered_costs(analysis, target, analysis.flow.topo_order), 2)
     assert old > optimum  # the old "bound" was no bound
@@ -356,8 +199,8 @@ def test_bound_does_not_charge_host_input_to_one_reader() -> None:
 
 def test_every_valid_split_is_enumerated() -> None:
     """The brute force's own check: a diamond on 2 stages has exactly the splits drawn by hand."""
-    analysis = analyze(_loaded(_two_branches(shared=False)), PlanConfig())
-    found = _valid_assignments(analysis, 2)
+    analysis = analyze(loaded(_two_branches(shared=False)), PlanConfig())
+    found = valid_assignments(analysis, 2)
     assert found is not None
     names = analysis.flow.node_names
     ideals = [
@@ -388,7 +231,7 @@ def _long_two_branches(prefix: int) -> onnx.ModelProto:
 
 
 def test_large_graph_finds_the_interleaved_split_by_the_level_order() -> None:
-    analysis = analyze(_loaded(_long_two_branches(70)), PlanConfig())
+    analysis = analyze(loaded(_long_two_branches(70)), PlanConfig())
     target = replace(TARGET, memory_bytes=int(4096 * 4 * 4 * 1.8), code_bytes_per_node=0)
     plan = plan_stages(analysis, target, 2, safety_margin=1.0)
     assert plan.method == "orders" and plan.order_name == "level"
@@ -398,13 +241,28 @@ def test_large_graph_finds_the_interleaved_split_by_the_level_order() -> None:
     assert plan.lower_bound_s <= plan.bottleneck_s
 
 
-def test_unproven_no_fit_returns_the_least_overfull_split() -> None:
-    """The file order alone finds no split, and nothing proves none exists: no exit 3, the least
-    overfull split comes back marked as such."""
-    analysis = analyze(_loaded(_long_two_branches(70)), PlanConfig())
+def test_a_fit_outside_every_order_is_found_by_the_dp_over_the_whole_graph() -> None:
+    """The file order alone finds no split that fits; the DP over the ideals of the whole graph
+    (74 nodes, past the bit-mask DP) finds the interleaved one that does, and proves it optimal."""
+    analysis = analyze(loaded(_long_two_branches(70)), PlanConfig())
+    target = replace(TARGET, memory_bytes=int(4096 * 4 * 4 * 1.8), code_bytes_per_node=0)
+    plan = plan_stages(analysis, target, 2, safety_margin=1.0, orders=("file",))
+    assert plan.method == "ideals" and plan.proven_optimal
+    assert plan.orders_tried["file"] is None
+    assert all(s.memory_bytes <= target.memory_bytes for s in plan.stages)
+    stage_of = dict(zip(analysis.flow.node_names, plan.assignment.tolist(), strict=True))
+    assert stage_of["a1"] == stage_of["b1"] == 0 and stage_of["a2"] == stage_of["b2"] == 1
+
+
+def test_unproven_no_fit_returns_the_least_overfull_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file order finds no split, the DP is past its limits and nothing proves none exists:
+    no exit 3, the least overfull split comes back marked as such."""
+    monkeypatch.setattr(group_ideals, "MAX_GROUP_IDEALS", 10)
+    analysis = analyze(loaded(_long_two_branches(70)), PlanConfig())
     target = replace(TARGET, memory_bytes=int(4096 * 4 * 4 * 1.8), code_bytes_per_node=0)
     plan = plan_stages(analysis, target, 2, safety_margin=1.0, orders=("file",))
     assert plan.method == "overfull" and not plan.proven_optimal
+    assert "past its limits" in plan.claim
     assert max(s.memory_bytes for s in plan.stages) > target.memory_bytes
     with pytest.raises(PlanInfeasibleError, match="not exhaustive"):
         plan_stages(

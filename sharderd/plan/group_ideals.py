@@ -1,0 +1,324 @@
+"""The DP over ideals for graphs of hundreds of nodes: over the ideals of the contracted graph.
+
+Same recurrence and cost model as ``ideals.py`` (which stays the exhaustive solver for graphs of
+≤ 63 nodes), scaled three ways:
+
+- **Groups** (``contract.py``): the lattice is enumerated over groups, a few thousand ideals for a
+  real export instead of millions. The optimum is over splits that keep every group together.
+- **An upper bound** from the order search: a pair ``I ⊂ J`` can only matter if its stage is no
+  slower than a split already in hand, and ``T(I, J) ≥ P(J) − P(I)``, so for each ``J`` only the
+  ideals in a window of ``P`` are tested for containment. Exact: every stage of a better split
+  passes the window.
+- **Memory by bounds first.** Stage memory is at most the weights of its nodes (shared ones
+  counted per reader), every tensor it receives, makes or streams in, and its code; all of these
+  are differences of per-ideal sums. A pair under its cap by that bound fits; only the pairs whose
+  bound is over the cap *and* whose time would win are measured exactly (``StageMemory``).
+
+Limits (ideals, containment tests, pairs, exact measurements) keep it near a second; past them it
+returns None and the order search's plan stands.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sharderd.graph.analyze import Analysis
+from sharderd.plan.contract import Groups
+from sharderd.plan.ideals import IdealSplit
+from sharderd.plan.stage_memory import StageMemory
+from sharderd.target import Target
+
+__all__ = ["MAX_GROUP_IDEALS", "solve_groups"]
+
+MAX_GROUP_IDEALS = 20_000
+MAX_CONTAINMENT_WORDS = 60_000_000
+"""Σ over ideals of (window size × 64-bit words): the containment tests' work."""
+MAX_PAIRS = 6_000_000
+MAX_EXACT_MEMORY = 4_000
+_TIE = 1e-12
+_BLOCK = 2048
+
+
+def solve_groups(
+    analysis: Analysis,
+    target: Target,
+    compute_s: np.ndarray,
+    ref_order: np.ndarray,
+    caps: np.ndarray,
+    groups: Groups,
+    *,
+    require_costed: bool,
+    upper_bound: float = np.inf,
+) -> IdealSplit | None:
+    """The best split that keeps groups together and beats ``upper_bound``; None past the limits.
+
+    ``assignment is None`` means no such split (none fits, or none beats ``upper_bound``).
+    """
+    masks = _enumerate(groups)
+    if masks is None:
+        return None
+    m, g_count = len(masks), groups.count
+    words = (g_count + 63) // 64
+    packed = np.array(
+        [[(x >> (64 * w)) & 0xFFFFFFFFFFFFFFFF for w in range(words)] for x in masks],
+        dtype=np.uint64,
+    )
+    member = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")[:, :g_count].astype(
+        bool
+    )
+    # The containment tests' work, from compute time alone (host input only widens no window
+    # by much), before the per-ideal tensor sums that cost more than the test itself.
+    compute = np.concatenate(
+        [
+            member[lo : lo + _BLOCK].astype(np.float64)
+            @ np.bincount(groups.of_node, weights=compute_s, minlength=g_count)
+            for lo in range(0, m, _BLOCK)
+        ]
+    )
+    if _window_work(compute, upper_bound) * words > MAX_CONTAINMENT_WORDS:
+        return None
+    per = _PerIdeal.build(analysis, target, compute_s, groups, member)
+    bw = target.link_bytes_per_s
+    u = per.time + per.cut / bw
+    v = per.cut / bw - per.time
+
+    pair_i, pair_j = _pairs(packed, per, upper_bound)
+    if pair_i is None:
+        return None
+    limit = upper_bound * (1 + 1e-9)
+    stage_time = u[pair_j] + v[pair_i]
+    keep = stage_time <= limit
+    if require_costed:
+        keep &= per.costed[pair_j] > per.costed[pair_i]
+    pair_i, pair_j, stage_time = pair_i[keep], pair_j[keep], stage_time[keep]
+    exact_memory = StageMemory.build(analysis, target, ref_order)
+    measured: dict[int, int] = {}
+    of = groups.of_node
+
+    def memory(p: int) -> int:
+        if p not in measured:
+            if len(measured) >= MAX_EXACT_MEMORY:
+                raise _OverBudget
+            i, j = int(pair_i[p]), int(pair_j[p])
+            before = member[i][of]
+            measured[p] = exact_memory.bytes(before, member[j][of] & ~before)
+        return measured[p]
+
+    full, k = m - 1, len(caps)
+    best = np.full(m, np.inf)
+    best[0] = 0.0
+    parents: list[np.ndarray] = []
+    try:
+        for s in range(k):
+            # Stages 0..s end at J, each within the bound, and the k-1-s after it cover the rest.
+            ends = (per.time <= (s + 1) * limit) & (
+                per.time[full] - per.time <= (k - 1 - s) * limit
+            )
+            starts = np.isfinite(best) & (per.time[full] - per.time <= (k - s) * limit)
+            rows = np.flatnonzero(
+                (pair_j == full) & starts[pair_i] if s == k - 1 else ends[pair_j] & starts[pair_i]
+            )
+            pi, pj = pair_i[rows], pair_j[rows]
+            score = np.maximum(best[pi], stage_time[rows])
+            # Stage memory: the code term is exact, the rest at most ``loose`` (module docstring).
+            code = target.code_bytes_per_node * (per.nodes[pj] - per.nodes[pi])
+            alive = np.isfinite(score) & (score <= limit) & (code <= caps[s])
+            loose = per.weights[pj] - per.weights[pi] + per.cut[pi] + per.made[pj] - per.made[pi]
+            sure = alive & (loose + code <= caps[s])
+            best_sure = np.full(m, np.inf)
+            np.minimum.at(best_sure, pj[sure], score[sure])
+            fits = sure.copy()
+            # Pairs that would win but whose loose bound is over the cap: measure, best first.
+            doubt = np.flatnonzero(alive & ~sure & (score < best_sure[pj]))
+            decided = np.zeros(m, dtype=bool)
+            for q in doubt[np.lexsort((score[doubt], pj[doubt]))].tolist():
+                j = int(pj[q])
+                if decided[j] or score[q] >= best_sure[j]:
+                    continue
+                if memory(int(rows[q])) <= caps[s]:
+                    fits[q] = True
+                    decided[j] = True  # the first fitting one in score order is this J's best
+            new = np.full(m, np.inf)
+            np.minimum.at(new, pj[fits], score[fits])
+            # Among ties, the cheapest cut: a stage then ends at a layer boundary, not inside a block.
+            tied = fits & (score <= new[pj] * (1 + _TIE))
+            cut_of = np.where(tied, per.cut[pi], np.inf)
+            least_cut = np.full(m, np.inf)
+            np.minimum.at(least_cut, pj[tied], cut_of[tied])
+            chosen = np.flatnonzero(tied & (cut_of <= least_cut[pj]))
+            js, first = np.unique(pj[chosen], return_index=True)
+            parent = np.full(m, -1, dtype=np.int64)
+            parent[js] = pi[chosen[first]]
+            best = new
+            parents.append(parent)
+    except _OverBudget:
+        return None
+    if not np.isfinite(best[full]):
+        return IdealSplit(None, float("inf"), m)
+    stage_of_group = np.empty(g_count, dtype=np.int64)
+    j = full
+    for s in range(k - 1, -1, -1):
+        i = int(parents[s][j])
+        stage_of_group[member[j] & ~member[i]] = s
+        j = i
+    return IdealSplit(stage_of_group[groups.of_node], float(best[full]), m)
+
+
+class _OverBudget(Exception):
+    """More exact memory measurements than the limit: the order search's plan stands."""
+
+
+class _PerIdeal:
+    """Sums over each ideal: time (compute, host I/O), bytes sent across its boundary, and the
+    loose memory terms (weights per node, bytes made or streamed in), plus node and costed counts."""
+
+    __slots__ = ("costed", "cut", "made", "nodes", "time", "weights")
+
+    def __init__(self, **arrays: np.ndarray) -> None:
+        for name, value in arrays.items():
+            setattr(self, name, value)
+
+    @classmethod
+    def build(
+        cls,
+        analysis: Analysis,
+        target: Target,
+        compute_s: np.ndarray,
+        groups: Groups,
+        member: np.ndarray,
+    ) -> _PerIdeal:
+        flow, costs = analysis.flow, analysis.costs
+        n, g_count = flow.num_nodes, groups.count
+        of = groups.of_node
+        tb = costs.tensor_bytes.astype(np.int64)
+        node_of_out = np.repeat(np.arange(n), np.diff(flow.out_ptr))
+        host_out = np.where(flow.is_graph_output[flow.out_idx], tb[flow.out_idx], 0)
+        node_time = compute_s.astype(np.float64).copy()
+        np.add.at(node_time, node_of_out, host_out / target.host_bytes_per_s)
+        out_bytes = np.zeros(n, dtype=np.int64)
+        np.add.at(out_bytes, node_of_out, tb[flow.out_idx])
+        node_w = np.zeros(n, dtype=np.int64)
+        np.add.at(
+            node_w,
+            np.repeat(np.arange(n), np.diff(flow.nw_ptr)),
+            flow.weight_bytes[flow.nw_idx].astype(np.int64),
+        )
+        costed = ((costs.flops > 0) | (np.diff(flow.nw_ptr) > 0)).astype(np.int64)
+
+        def per_group(values: np.ndarray) -> np.ndarray:
+            return np.bincount(of, weights=values.astype(np.float64), minlength=g_count)
+
+        nodes = member.astype(np.int64) @ np.bincount(of, minlength=g_count)
+        costed_count = member.astype(np.int64) @ np.bincount(of, weights=costed, minlength=g_count)
+
+        # Per tensor, the groups that read it: it leaves ideal J when made in J and read outside.
+        counts = np.diff(flow.cons_ptr)
+        entry_tensor = np.repeat(np.arange(len(counts)), counts)
+        pairs = np.unique(np.stack([entry_tensor, of[flow.cons_idx]], axis=1), axis=0)
+        is_input = flow.producer < 0
+        origin = np.where(is_input, -1, of[np.maximum(flow.producer, 0)])
+        m = len(member)
+        cut = np.zeros(m)
+        hin = np.zeros(m)
+        time = np.zeros(m)
+        made = np.zeros(m)
+        weights = np.zeros(m)
+        group_sums = np.stack(
+            [per_group(node_time), per_group(out_bytes), per_group(node_w)], axis=1
+        )
+        t_of, g_of = pairs[:, 0], pairs[:, 1]
+        starts = np.flatnonzero(np.r_[True, t_of[1:] != t_of[:-1]]) if len(pairs) else pairs[:0, 0]
+        tensors = t_of[starts]
+        t_bytes = tb[tensors].astype(np.float64)
+        t_input = is_input[tensors]
+        for lo in range(0, m, _BLOCK):
+            block = member[lo : lo + _BLOCK]
+            sums = block.astype(np.float64) @ group_sums
+            time[lo : lo + _BLOCK], made[lo : lo + _BLOCK] = sums[:, 0], sums[:, 1]
+            weights[lo : lo + _BLOCK] = sums[:, 2]
+            if not len(tensors):
+                continue
+            read = block[:, g_of]
+            any_in = np.logical_or.reduceat(read, starts, axis=1)
+            all_in = np.logical_and.reduceat(read, starts, axis=1)
+            origin_in = np.where(t_input[None, :], any_in, block[:, np.maximum(origin[tensors], 0)])
+            cut[lo : lo + _BLOCK] = (origin_in & ~all_in) @ t_bytes
+            hin[lo : lo + _BLOCK] = (any_in & t_input[None, :]) @ t_bytes
+        time = time + hin / target.host_bytes_per_s
+        return cls(
+            time=time,
+            cut=cut,
+            made=made + hin,
+            weights=weights,
+            nodes=nodes,
+            costed=costed_count,
+        )
+
+
+def _enumerate(groups: Groups) -> list[int] | None:
+    """All ideals of the group graph by size (empty first, whole graph last); None past the limit.
+
+    Each ideal carries the groups that may join it next, updated from the joining group's
+    successors, so an ideal costs its own width, not a scan of every group."""
+    pred, succ = groups.pred, groups.succ
+    start = 0
+    for g, p in enumerate(pred):
+        if p == 0:
+            start |= 1 << g
+    out = [0]
+    frontier = {0: start}
+    while frontier:
+        grown: dict[int, int] = {}
+        for ideal, addable in frontier.items():
+            rest = addable
+            while rest:
+                low = rest & -rest
+                rest ^= low
+                new = ideal | low
+                if new in grown:
+                    continue
+                nxt = addable & ~low
+                for c in succ[low.bit_length() - 1]:
+                    if pred[c] & ~new == 0:
+                        nxt |= 1 << c
+                grown[new] = nxt
+        out.extend(grown)
+        if len(out) > MAX_GROUP_IDEALS:
+            return None
+        frontier = grown
+    return out
+
+
+def _window_work(time: np.ndarray, upper_bound: float) -> int:
+    """How many candidate ``I`` the windows of ``_pairs`` hold, summed over ``J``."""
+    ordered = np.sort(time)
+    lo = np.searchsorted(ordered, time - upper_bound * (1 + 1e-9), side="left")
+    return int((np.searchsorted(ordered, time, side="right") - lo).sum())
+
+
+def _pairs(
+    packed: np.ndarray, per: _PerIdeal, upper_bound: float
+) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
+    """Every nested pair ``I ⊊ J`` whose stage could be no slower than ``upper_bound``."""
+    m, words = packed.shape
+    by_time = np.argsort(per.time, kind="stable")
+    sorted_time = per.time[by_time]
+    slack = 1e-9 * max(float(per.time[-1]), 1e-30)
+    lo = np.searchsorted(sorted_time, per.time - upper_bound * (1 + 1e-9) - slack, side="left")
+    hi = np.searchsorted(sorted_time, per.time + slack, side="right")
+    if int(((hi - lo) * words).sum()) > MAX_CONTAINMENT_WORDS:
+        return None, None
+    out_i: list[np.ndarray] = []
+    out_j: list[np.ndarray] = []
+    total = 0
+    for j in range(m):
+        cand = by_time[lo[j] : hi[j]]
+        cand = cand[per.nodes[cand] < per.nodes[j]]
+        inside = ((packed[cand] & ~packed[j]) == 0).all(axis=1)
+        found = cand[inside]
+        total += len(found)
+        if total > MAX_PAIRS:
+            return None, None
+        out_i.append(found)
+        out_j.append(np.full(len(found), j, dtype=np.int32))
+    return np.concatenate(out_i).astype(np.int32), np.concatenate(out_j).astype(np.int32)

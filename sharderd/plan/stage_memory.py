@@ -1,0 +1,109 @@
+"""The memory of one stage of a general split, as the canonical order counts it, in O(N + E).
+
+Stage ``S`` runs after the nodes ``B`` of the earlier stages, its own nodes in the reference order
+(docs/planning.md, "Cost model"). While node ``q`` of ``S`` runs, the live tensors are those made
+before ``q`` (in ``B`` or earlier in ``S``, a graph input from its first reader on) that some node
+at or after ``q`` still reads, plus ``q``'s outputs: exactly ``OrderedCosts.live_bytes`` of that
+order, without building the order. The DP over a large lattice asks this for the few stages its
+cheap bounds cannot settle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sharderd.graph.analyze import Analysis
+from sharderd.target import Target
+
+__all__ = ["StageMemory"]
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    rank: np.ndarray
+    """int64 [N]: position of each node in the reference order."""
+    producer: np.ndarray
+    cons_ptr: np.ndarray
+    cons_idx: np.ndarray
+    reader_tensor: np.ndarray
+    """int64 [E]: the tensor of each consumer entry (entries grouped by tensor)."""
+    read_starts: np.ndarray
+    """int64: first entry of each tensor that has readers."""
+    read_tensors: np.ndarray
+    """int64: the tensors that have readers, in entry order."""
+    tensor_bytes: np.ndarray
+    out_bytes: np.ndarray
+    weight_owner: np.ndarray
+    """int64: the node of each (node, weight) entry."""
+    nw_idx: np.ndarray
+    weight_bytes: np.ndarray
+    code_bytes_per_node: int
+
+    @classmethod
+    def build(cls, analysis: Analysis, target: Target, ref_order: np.ndarray) -> StageMemory:
+        flow = analysis.flow
+        n = flow.num_nodes
+        rank = np.empty(n, dtype=np.int64)
+        rank[ref_order] = np.arange(n)
+        counts = np.diff(flow.cons_ptr)
+        tb = analysis.costs.tensor_bytes.astype(np.int64)
+        out_bytes = np.zeros(n, dtype=np.int64)
+        np.add.at(out_bytes, np.repeat(np.arange(n), np.diff(flow.out_ptr)), tb[flow.out_idx])
+        has = counts > 0
+        return cls(
+            rank=rank,
+            producer=flow.producer,
+            cons_ptr=flow.cons_ptr,
+            cons_idx=flow.cons_idx,
+            reader_tensor=np.repeat(np.arange(len(counts)), counts),
+            read_starts=flow.cons_ptr[:-1][has],
+            read_tensors=np.flatnonzero(has),
+            tensor_bytes=tb,
+            out_bytes=out_bytes,
+            weight_owner=np.repeat(np.arange(n), np.diff(flow.nw_ptr)),
+            nw_idx=flow.nw_idx,
+            weight_bytes=flow.weight_bytes,
+            code_bytes_per_node=target.code_bytes_per_node,
+        )
+
+    def bytes(self, before: np.ndarray, stage: np.ndarray) -> int:
+        """Distinct weights + peak live bytes + code of the nodes in ``stage`` (bool [N]) after ``before``."""
+        nodes = np.flatnonzero(stage)
+        if not len(nodes):
+            return 0
+        nodes = nodes[np.argsort(self.rank[nodes], kind="stable")]
+        size = len(nodes)
+        pos = np.full(len(stage), -1, dtype=np.int64)
+        pos[nodes] = np.arange(size)
+        ws = self.nw_idx[stage[self.weight_owner]]
+        weights = int(self.weight_bytes[np.unique(ws)].sum()) if len(ws) else 0
+
+        # Per reader entry: -1 read earlier, its position in the stage, or ``size`` read later.
+        readers = self.cons_idx
+        where = np.where(before[readers], -1, np.where(stage[readers], pos[readers], size))
+        first = np.minimum.reduceat(where, self.read_starts) if len(where) else where
+        last = np.maximum.reduceat(where, self.read_starts) if len(where) else where
+        t = self.read_tensors
+        prod = self.producer[t]
+        made = np.where(
+            prod >= 0,
+            np.where(before[np.maximum(prod, 0)], -1, pos[np.maximum(prod, 0)]),
+            first,  # a graph input appears at its first reader
+        )
+        from_earlier = (prod >= 0) & before[np.maximum(prod, 0)]
+        made = np.where(from_earlier | ((prod < 0) & (first == -1)), -1, made)
+        known = (prod < 0) | from_earlier | (stage[np.maximum(prod, 0)] & (prod >= 0))
+        # Live on positions made+1 .. last (a received tensor from 0), inputs also at their first reader.
+        live_span = known & (last > made) & (last >= 0)
+        diff = np.zeros(size + 2, dtype=np.int64)
+        start = np.where(made < 0, 0, made + 1)
+        stop = np.minimum(last, size - 1) + 1
+        span = live_span & (stop > start)
+        np.add.at(diff, start[span], self.tensor_bytes[t[span]])
+        np.add.at(diff, stop[span], -self.tensor_bytes[t[span]])
+        live = np.cumsum(diff)[:size] + self.out_bytes[nodes]
+        streamed = (prod < 0) & (first >= 0) & (first < size)
+        np.add.at(live, first[streamed], self.tensor_bytes[t[streamed]])
+        return weights + int(live.max()) + self.code_bytes_per_node * size

@@ -1,0 +1,247 @@
+"""The DP over the ideals of the contracted graph (plan/group_ideals.py, plan/contract.py,
+plan/stage_memory.py): exact against a brute force over every valid split when nothing is
+contracted, exact over the group-respecting splits when something is, and the one memory model
+however a split is read."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from dag_cases import TARGET, branchy_dags, evaluate, loaded, valid_assignments
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+from sharderd.config import PlanConfig
+from sharderd.graph.analyze import Analysis, analyze
+from sharderd.graph.load import load_model
+from sharderd.plan import group_ideals
+from sharderd.plan.contract import Groups, contract
+from sharderd.plan.group_ideals import solve_groups
+from sharderd.plan.order import candidate_orders
+from sharderd.plan.ordered_costs import calibrated_compute_s, ordered_costs
+from sharderd.plan.planner import plan_stages
+from sharderd.plan.stage_memory import StageMemory
+
+MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
+MANIFEST = json.loads((MODELS / "manifest.json").read_text())
+
+
+@cache
+def _export(name: str) -> Analysis:
+    entry = MANIFEST[name]
+    shapes = {k: tuple(v) for k, v in entry["ort_input_shapes"].items()}
+    return analyze(
+        load_model(MODELS / entry["path"]), PlanConfig(input_shapes=shapes, name_nodes=True)
+    )
+
+
+def _solve(analysis: Analysis, target, caps, groups: Groups, upper: float = np.inf):
+    costed = (analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)
+    return solve_groups(
+        analysis,
+        target,
+        calibrated_compute_s(analysis, target, None),
+        next(iter(candidate_orders(analysis.flow).values())),
+        np.asarray(caps, dtype=np.float64),
+        groups,
+        require_costed=int(costed.sum()) >= len(caps),
+        upper_bound=upper,
+    )
+
+
+def _respects(assignment: list[int], groups: Groups) -> bool:
+    stage_of: dict[int, int] = {}
+    return all(
+        stage_of.setdefault(int(g), s) == s for g, s in zip(groups.of_node, assignment, strict=True)
+    )
+
+
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(
+    model=branchy_dags(),
+    k=st.integers(1, 4),
+    cap_fraction=st.floats(0.0, 1.0),
+    contracted=st.booleans(),
+)
+def test_dp_equals_the_brute_force_over_its_splits(
+    model: onnx.ModelProto, k: int, cap_fraction: float, contracted: bool
+) -> None:
+    """Caps from below "some split fits" to "the fastest fits", so the memory bounds and the exact
+    measurements both decide. Without contraction: the optimum over every valid split; with it,
+    the optimum over the splits that keep each group on one stage."""
+    analysis = analyze(loaded(model), PlanConfig())
+    k = min(k, analysis.flow.num_nodes)
+    groups = contract(analysis, enabled=contracted)
+    assignments = valid_assignments(analysis, k)
+    if assignments is None:
+        return
+    costed = ((analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)).tolist()
+    cases = [
+        (evaluate(analysis, TARGET, a, k), a)
+        for a in assignments
+        if _respects(a, groups)
+        and (
+            sum(costed) < k
+            or all(any(costed[q] for q, s in enumerate(a) if s == t) for t in range(k))
+        )
+    ]
+    if not cases:
+        found = _solve(analysis, TARGET, [TARGET.memory_bytes] * k, groups)
+        assert found is not None and found.assignment is None
+        return
+    need = sorted(max(mems) for (_, mems), _ in cases)
+    memory = need[0] * 0.9 + cap_fraction * (need[-1] - need[0] * 0.9)
+    target = replace(TARGET, memory_bytes=max(math.ceil(memory), 1))
+    fitting = [worst for (worst, mems), _ in cases if max(mems) <= target.memory_bytes]
+    found = _solve(analysis, target, [target.memory_bytes] * k, groups)
+    assert found is not None
+    if not fitting:
+        assert found.assignment is None
+        return
+    optimum = min(fitting)
+    assert found.assignment is not None
+    assert found.bottleneck_s == pytest.approx(optimum, rel=1e-9)
+    worst, mems = evaluate(analysis, target, found.assignment.tolist(), k)
+    assert worst == pytest.approx(optimum, rel=1e-9) and max(mems) <= target.memory_bytes
+    assert _respects(found.assignment.tolist(), groups)
+    # The order search's bound only prunes: at the optimum it finds it, below it nothing.
+    again = _solve(analysis, target, [target.memory_bytes] * k, groups, upper=optimum)
+    assert again is not None and again.bottleneck_s == pytest.approx(optimum, rel=1e-9)
+    below = _solve(analysis, target, [target.memory_bytes] * k, groups, upper=optimum * 0.999)
+    assert below is not None and below.assignment is None
+
+
+def test_strategy_draws_contractible_graphs() -> None:
+    """The property above means something only if contraction happens in some drawn graphs: an
+    Identity of a graph input is shape-free bookkeeping under 4 KiB."""
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [
+            helper.make_node("Identity", ["x"], ["i"], name="i"),
+            helper.make_node("MatMul", ["i", "w"], ["y"], name="m"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", f, [1, 8])],
+        [helper.make_tensor_value_info("y", f, [1, 8])],
+        [onnx.numpy_helper.from_array(np.ones((8, 8), np.float32), "w")],
+    )
+    analysis = analyze(loaded(helper.make_model(graph)), PlanConfig())
+    assert contract(analysis).merged == 1
+    assert contract(analysis, enabled=False).merged == 0
+
+
+@pytest.mark.parametrize("name", ["tiny_bert", "tiny_gpt2", "tiny_unet"])
+def test_stage_memory_is_the_canonical_orders(name: str) -> None:
+    """For random valid splits of real exports, the O(N + E) stage memory equals the memory the
+    plan reports (``OrderedCosts`` on the split's canonical order), byte for byte."""
+    analysis = _export(name)
+    flow, n = analysis.flow, analysis.flow.num_nodes
+    ref = next(iter(candidate_orders(flow).values()))
+    memory = StageMemory.build(analysis, TARGET, ref)
+    rank = np.empty(n, dtype=np.int64)
+    rank[ref] = np.arange(n)
+    preds = [
+        [int(flow.producer[t]) for t in flow.inputs(q) if flow.producer[t] >= 0] for q in range(n)
+    ]
+    rng = np.random.default_rng(7)
+    for _ in range(8):
+        k = int(rng.integers(2, 6))
+        stage = np.zeros(n, dtype=np.int64)
+        for q in flow.topo_order.tolist():
+            base = max((int(stage[p]) for p in preds[q]), default=0)
+            stage[q] = min(k - 1, base + int(rng.random() < 2.5 * k / n))
+        oc = ordered_costs(analysis, TARGET, np.lexsort((rank, stage)))
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(stage, minlength=k))])
+        for s in range(k):
+            if bounds[s + 1] > bounds[s]:
+                want = sum(oc.stage_memory(int(bounds[s]), int(bounds[s + 1])))
+                assert memory.bytes(stage < s, stage == s) == want
+
+
+@pytest.mark.parametrize("name", ["tiny_bert", "tiny_gpt2", "tiny_vit", "ppocr_cls"])
+def test_contraction_makes_real_exports_solvable(name: str) -> None:
+    """Exporter bookkeeping multiplies the ideals past any limit; after contraction the DP runs,
+    the group graph is acyclic and only bookkeeping or constant-only nodes share a group."""
+    analysis = _export(name)
+    assert group_ideals._enumerate(contract(analysis, enabled=False)) is None
+    groups = contract(analysis)
+    ideals = group_ideals._enumerate(groups)
+    assert ideals is not None and len(ideals) < group_ideals.MAX_GROUP_IDEALS
+    # Acyclic: every predecessor group of a group comes before it in some order (Kahn's drains).
+    indegree = [bin(p).count("1") for p in groups.pred]
+    ready = [g for g, d in enumerate(indegree) if d == 0]
+    seen = 0
+    while ready:
+        g = ready.pop()
+        seen += 1
+        for c in groups.succ[g]:
+            indegree[c] -= 1
+            if indegree[c] == 0:
+                ready.append(c)
+    assert seen == groups.count
+    plan = plan_stages(analysis, TARGET, 4, safety_margin=1.0)
+    assert "solve.contracted" in plan.timings_s
+    assert plan.proven_optimal or f"{groups.count} groups" in plan.claim
+
+
+def _uneven_branches(prefix: int) -> onnx.ModelProto:
+    """``prefix`` Relus, then a short dear branch (2 MatMuls) beside a long cheap one (4): the best
+    2-stage split takes the dear branch's first half and the cheap one's first two, a cut no
+    topological order the planner tries makes contiguous."""
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Relu", [f"p{i}" if i else "x"], [f"p{i + 1}"], name=f"r{i}")
+        for i in range(prefix)
+    ]
+    top = f"p{prefix}"
+    nodes += [
+        helper.make_node("MatMul", [top, "wa1"], ["a1"], name="a1"),
+        helper.make_node("MatMul", ["a1", "wa2"], ["a2"], name="a2"),
+        helper.make_node("MatMul", [top, "wb1"], ["b1"], name="b1"),
+    ]
+    nodes += [
+        helper.make_node("MatMul", [f"b{i}", f"wb{i + 1}"], [f"b{i + 1}"], name=f"b{i + 1}")
+        for i in range(1, 4)
+    ]
+    nodes.append(helper.make_node("Concat", ["a2", "b4"], ["y"], name="join", axis=1))
+    rng = np.random.default_rng(0)
+    weights = {"wa1": (64, 64), "wa2": (64, 64), "wb1": (64, 21)}
+    weights |= {f"wb{i}": (21, 21) for i in range(2, 5)}
+    graph = helper.make_graph(
+        nodes,
+        "uneven",
+        [helper.make_tensor_value_info("x", f, [1, 64])],
+        [helper.make_tensor_value_info("y", f, [1, 85])],
+        [
+            onnx.numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), k)
+            for k, s in weights.items()
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_large_graph_gets_a_split_no_order_has() -> None:
+    """74 nodes (past the bit-mask DP): the DP over the whole graph beats every candidate order
+    and proves its split optimal over every valid split."""
+    analysis = analyze(loaded(_uneven_branches(66)), PlanConfig())
+    assert analysis.flow.num_nodes > 63
+    target = replace(TARGET, op_overhead_s=0.0, link_bytes_per_s=1e12, host_bytes_per_s=1e12)
+    plan = plan_stages(analysis, target, 2, safety_margin=1.0)
+    orders = [v for name, v in plan.orders_tried.items() if name not in ("ideals", "contracted")]
+    assert plan.method == "ideals" and plan.proven_optimal
+    assert plan.bottleneck_s < min(v for v in orders if v is not None) * 0.99
+    stage_of = dict(zip(analysis.flow.node_names, plan.assignment.tolist(), strict=True))
+    assert stage_of["a1"] == 0 and stage_of["a2"] == 1  # the dear branch is cut in half,
+    assert stage_of["b1"] == 0 and stage_of["b4"] == 1  # the cheap one elsewhere
