@@ -24,12 +24,15 @@ from sharderd.plan.partition import Partition, solve
 from sharderd.plan.types import Plan
 from sharderd.target import Target
 
-__all__ = ["LEVEL_ORDER_GAIN", "lower_bound", "plan_stages"]
+__all__ = ["DP_GAIN", "LEVEL_ORDER_GAIN", "lower_bound", "plan_stages"]
 
 LEVEL_ORDER_GAIN = 0.01
 """The level order replaces the file/depth-first plan only when it is this much faster: it exists
 for splits across parallel branches (often 10%+), and a hair's gain is not worth a stage boundary
 inside a block instead of at a layer's end."""
+DP_GAIN = LEVEL_ORDER_GAIN
+"""Likewise for a split found by the DP over a graph the order search planned (the DP's split is
+kept when no order has one): a cut of any shape for a hair's gain is not worth it."""
 
 
 def lower_bound(oc: OrderedCosts, devices: int) -> float:
@@ -153,7 +156,7 @@ def plan_stages(
     if (
         grouped is not None
         and grouped.assignment is not None
-        and grouped.bottleneck_s < upper * (1 - 1e-9)
+        and grouped.bottleneck_s < upper * (1 - DP_GAIN)
     ):
         plan = _plan_of_split(
             analysis,
@@ -178,7 +181,7 @@ def plan_stages(
             proven_optimal=meets or groups.merged == 0,
             claim=_contracted_claim(grouped.ideals, groups, meets),
         )
-    searched = _searched(grouped, groups)
+    searched = _searched(grouped, groups, upper)
     if best is None:
         assert first_oc is not None
         proof = infeasible_proof(analysis, target, devices, safety_margin, scale)
@@ -245,7 +248,11 @@ def plan_stages(
     )
     timings["total"] = time.perf_counter() - t0
     meets = bool(partition.bottleneck_s <= bound * (1 + 1e-9))
-    exhaustive = grouped is not None and not groups.merged
+    exhaustive = (
+        grouped is not None
+        and not groups.merged
+        and (grouped.assignment is None or grouped.bottleneck_s >= upper * (1 - 1e-9))
+    )
     return replace(
         plan,
         orders_tried=tried,
@@ -336,16 +343,23 @@ def _contracted_claim(ideals: int, groups: Groups, meets: bool) -> str:
     return kept + ("; it meets the lower bound, so no valid split is faster" if meets else "")
 
 
-def _searched(grouped: IdealSplit | None, groups: Groups) -> str:
+def _searched(grouped: IdealSplit | None, groups: Groups, upper: float) -> str:
     """What the DP over the contracted graph showed when the order search's plan stands."""
     if grouped is None:
         return (
             f"the DP over the contracted graph ({groups.count} groups) was past its limits, "
             "so splits outside those orders were not searched"
         )
-    if groups.merged:
+    over = (
+        f"every valid split (DP over all {grouped.ideals} ideals)"
+        if not groups.merged
+        else f"the splits that keep the {groups.count} groups of the contracted graph together "
+        f"(DP over its {grouped.ideals} ideals)"
+    )
+    if grouped.assignment is not None and grouped.bottleneck_s < upper * (1 - 1e-9):
+        gain = 1 - grouped.bottleneck_s / upper
         return (
-            f"no split that keeps the {groups.count} groups of the contracted graph together is "
-            f"faster (DP over its {grouped.ideals} ideals)"
+            f"the best of {over} is {gain:.2%} faster, under the {DP_GAIN:.0%} worth a stage "
+            "boundary away from the order's layer ends, so the order's split is kept"
         )
-    return f"no valid split is faster (DP over all {grouped.ideals} ideals)"
+    return f"none of {over} is faster"

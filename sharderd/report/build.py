@@ -78,6 +78,7 @@ def plan_section(plan: Plan, batch_size: int, routed: Sequence[RoutedInput] = ()
         "orders_tried": dict(plan.orders_tried),
         "method": plan.method,
         "proven_optimal": plan.proven_optimal,
+        "claim": plan.claim,
         "bottleneck_s": plan.bottleneck_s,
         "lower_bound_s": plan.lower_bound_s,
         "ratio_to_bound": plan.ratio_to_bound,

@@ -144,6 +144,15 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                 for name, v in plan["orders_tried"].items()
             )
             + f"); safety margin {plan['safety_margin']:g}; plan digest `{plan['digest']}`",
+            *(
+                [
+                    f"- split by `{plan['method']}`"
+                    + (", proven optimal" if plan.get("proven_optimal") else "")
+                    + f": {plan['claim']}"
+                ]
+                if plan.get("claim")
+                else []
+            ),
             "",
             *_stage_rows(plan),
         ]
