@@ -24,9 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from sharderd.graph.analyze import Analysis
+from sharderd.graph.dataflow import Dataflow
 from sharderd.plan.order import constant_only_nodes
 
-__all__ = ["TINY_BYTES", "Groups", "contract"]
+__all__ = ["TINY_BYTES", "Groups", "contract", "node_preds", "refine"]
 
 TINY_BYTES = 4096
 """Outputs up to this size are bookkeeping (shape vectors, scalars, masks of a few elements)."""
@@ -53,11 +54,7 @@ def contract(analysis: Analysis, *, enabled: bool = True) -> Groups:
     flow, costs = analysis.flow, analysis.costs
     n = flow.num_nodes
     topo = flow.topo_order.tolist()
-    producer = flow.producer
-    preds = [
-        sorted({int(producer[t]) for t in flow.inputs(q).tolist() if producer[t] >= 0})
-        for q in range(n)
-    ]
+    preds = node_preds(analysis)
     succs = [
         sorted({int(c) for t in flow.outputs(q).tolist() for c in flow.consumers(t).tolist()})
         for q in range(n)
@@ -99,18 +96,49 @@ def contract(analysis: Analysis, *, enabled: bool = True) -> Groups:
                         members[g].extend(group)
                     changed = True
 
-    roots = [find(q) for q in range(n)]
-    # Number groups by the topological position of their first member: an order of the groups.
+    return _grouped(flow, np.array([find(q) for q in range(n)], dtype=np.int64), preds)
+
+
+def node_preds(analysis: Analysis) -> list[list[int]]:
+    """The producer nodes each node reads from."""
+    flow = analysis.flow
+    producer = flow.producer
+    return [
+        sorted({int(producer[t]) for t in flow.inputs(q).tolist() if producer[t] >= 0})
+        for q in range(flow.num_nodes)
+    ]
+
+
+def refine(
+    analysis: Analysis,
+    groups: Groups,
+    segment: np.ndarray,
+    free: np.ndarray,
+    preds: list[list[int]],
+) -> Groups:
+    """Groups cut along ``segment`` (int [N], non-decreasing along a topological order); a
+    segment that is not ``free[segment]`` becomes one group of its own.
+
+    Still acyclic: an edge goes to the same or a later segment; inside a free segment the parts
+    are one per group, so a cycle of parts would be a cycle of groups; a fixed one is one group.
+    """
+    width = int(segment.max(initial=0)) + 1
+    labels = np.where(free[segment], groups.of_node * width + segment, -1 - segment)
+    return _grouped(analysis.flow, labels.astype(np.int64), preds)
+
+
+def _grouped(flow: Dataflow, labels: np.ndarray, preds: list[list[int]]) -> Groups:
+    """Groups from a label per node, numbered by the topological position of their first member."""
     number: dict[int, int] = {}
-    for q in topo:
-        number.setdefault(roots[q], len(number))
-    of_node = np.array([number[r] for r in roots], dtype=np.int64)
+    for q in flow.topo_order.tolist():
+        number.setdefault(int(labels[q]), len(number))
+    of_node = np.array([number[int(r)] for r in labels.tolist()], dtype=np.int64)
     count = len(number)
     pred = [0] * count
     succ: list[set[int]] = [set() for _ in range(count)]
-    for q in range(n):
+    for q, ps in enumerate(preds):
         gq = int(of_node[q])
-        for p in preds[q]:
+        for p in ps:
             gp = int(of_node[p])
             if gp != gq:
                 pred[gq] |= 1 << gp

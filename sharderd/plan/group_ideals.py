@@ -28,7 +28,7 @@ from sharderd.plan.ideals import IdealSplit
 from sharderd.plan.stage_memory import StageMemory
 from sharderd.target import Target
 
-__all__ = ["MAX_GROUP_IDEALS", "solve_groups"]
+__all__ = ["MAX_GROUP_IDEALS", "enumerate_ideals", "solve_groups"]
 
 MAX_GROUP_IDEALS = 20_000
 MAX_CONTAINMENT_WORDS = 60_000_000
@@ -49,12 +49,15 @@ def solve_groups(
     *,
     require_costed: bool,
     upper_bound: float = np.inf,
+    family: list[int] | None = None,
 ) -> IdealSplit | None:
     """The best split that keeps groups together and beats ``upper_bound``; None past the limits.
 
     ``assignment is None`` means no such split (none fits, or none beats ``upper_bound``).
+    ``family`` restricts the cuts to those ideals (the empty one first, the whole graph last):
+    the optimum is then over the splits whose every cut is in it.
     """
-    masks = _enumerate(groups)
+    masks = enumerate_ideals(groups) if family is None else family
     if masks is None:
         return None
     m, g_count = len(masks), groups.count
@@ -226,6 +229,10 @@ class _PerIdeal:
         group_sums = np.stack(
             [per_group(node_time), per_group(out_bytes), per_group(node_w)], axis=1
         )
+        # Only a graph input or a tensor read outside its group can cross a cut: the rest of the
+        # (tensor, reader group) pairs would only cost the block sums below their size.
+        outside = is_input[pairs[:, 0]] | (pairs[:, 1] != origin[pairs[:, 0]])
+        pairs = pairs[np.isin(pairs[:, 0], pairs[outside, 0])]
         t_of, g_of = pairs[:, 0], pairs[:, 1]
         starts = np.flatnonzero(np.r_[True, t_of[1:] != t_of[:-1]]) if len(pairs) else pairs[:0, 0]
         tensors = t_of[starts]
@@ -255,35 +262,41 @@ class _PerIdeal:
         )
 
 
-def _enumerate(groups: Groups) -> list[int] | None:
-    """All ideals of the group graph by size (empty first, whole graph last); None past the limit.
+def enumerate_ideals(
+    groups: Groups, low: int = 0, high: int | None = None, limit: int | None = None
+) -> list[int] | None:
+    """The ideals ``X`` with ``low ⊆ X ⊆ high`` by size (``low`` first; with the defaults, every
+    ideal, the empty set first and the whole graph last); None past ``limit``.
 
-    Each ideal carries the groups that may join it next, updated from the joining group's
-    successors, so an ideal costs its own width, not a scan of every group."""
+    ``low`` and ``high`` must be ideals. Each ideal carries the groups that may join it next,
+    updated from the joining group's successors, so an ideal costs its own width, not a scan of
+    every group."""
     pred, succ = groups.pred, groups.succ
+    limit = MAX_GROUP_IDEALS if limit is None else limit
+    allowed = (1 << groups.count) - 1 if high is None else high
     start = 0
     for g, p in enumerate(pred):
-        if p == 0:
+        if p & ~low == 0 and not low >> g & 1 and allowed >> g & 1:
             start |= 1 << g
-    out = [0]
-    frontier = {0: start}
+    out = [low]
+    frontier = {low: start}
     while frontier:
         grown: dict[int, int] = {}
         for ideal, addable in frontier.items():
             rest = addable
             while rest:
-                low = rest & -rest
-                rest ^= low
-                new = ideal | low
+                bit = rest & -rest
+                rest ^= bit
+                new = ideal | bit
                 if new in grown:
                     continue
-                nxt = addable & ~low
-                for c in succ[low.bit_length() - 1]:
-                    if pred[c] & ~new == 0:
+                nxt = addable & ~bit
+                for c in succ[bit.bit_length() - 1]:
+                    if pred[c] & ~new == 0 and allowed >> c & 1:
                         nxt |= 1 << c
                 grown[new] = nxt
         out.extend(grown)
-        if len(out) > MAX_GROUP_IDEALS:
+        if len(out) > limit:
             return None
         frontier = grown
     return out

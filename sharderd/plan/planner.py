@@ -18,6 +18,7 @@ from sharderd.plan.contract import Groups, contract
 from sharderd.plan.group_ideals import solve_groups
 from sharderd.plan.ideals import IdealSplit, solve_ideals
 from sharderd.plan.infeasible import infeasible_exact, infeasible_proof
+from sharderd.plan.neighbourhood import Neighbourhood, search_near
 from sharderd.plan.order import candidate_orders
 from sharderd.plan.ordered_costs import OrderedCosts, calibrated_compute_s, ordered_costs
 from sharderd.plan.partition import Partition, solve
@@ -181,7 +182,52 @@ def plan_stages(
             proven_optimal=meets or groups.merged == 0,
             claim=_contracted_claim(grouped.ideals, groups, meets),
         )
-    searched = _searched(grouped, groups, upper)
+    near = None
+    if grouped is None and best is not None and not met:
+        t1 = time.perf_counter()
+        near = search_near(
+            analysis,
+            target,
+            compute_s,
+            reference,
+            caps,
+            groups,
+            best[1].order,
+            best[0].bounds,
+            require_costed=require_costed,
+            upper_bound=upper,
+        )
+        timings["solve.neighbourhood"] = time.perf_counter() - t1
+        if (
+            near is not None
+            and near.assignment is not None
+            and near.bottleneck_s < upper * (1 - DP_GAIN)
+        ):
+            plan = _plan_of_split(
+                analysis,
+                target,
+                compute_s,
+                reference,
+                near.assignment,
+                caps,
+                safety_margin,
+                scale,
+                bound=bound,
+                overhead=overhead,
+                method="neighbourhood",
+            )
+            tried[plan.method] = plan.bottleneck_s
+            timings["total"] = time.perf_counter() - t0
+            meets = bool(plan.bottleneck_s <= bound * (1 + 1e-9))
+            return replace(
+                plan,
+                orders_tried=tried,
+                timings_s=timings,
+                proven_optimal=meets,
+                claim=_near_claim(near, best[2], groups)
+                + ("; it meets the lower bound, so no valid split is faster" if meets else ""),
+            )
+    searched = _searched(grouped, groups, upper, near)
     if best is None:
         assert first_oc is not None
         proof = infeasible_proof(analysis, target, devices, safety_margin, scale)
@@ -343,9 +389,28 @@ def _contracted_claim(ideals: int, groups: Groups, meets: bool) -> str:
     return kept + ("; it meets the lower bound, so no valid split is faster" if meets else "")
 
 
-def _searched(grouped: IdealSplit | None, groups: Groups, upper: float) -> str:
-    """What the DP over the contracted graph showed when the order search's plan stands."""
+def _near_claim(near: Neighbourhood, start: str, groups: Groups) -> str:
+    rounds = f"{near.rounds} round{'s' if near.rounds > 1 else ''}"
+    kept = ", keeping the contracted groups together" if groups.merged else ""
+    return (
+        f"optimal over the splits whose every cut lies within {_nodes(near.window)} of the "
+        f"previous plan's cuts{kept} ({rounds} from the `{start}` order's plan; DP over "
+        f"{near.ideals} ideals); not proven over every split: the DP over the whole graph was "
+        "past its limits"
+    )
+
+
+def _searched(
+    grouped: IdealSplit | None, groups: Groups, upper: float, near: Neighbourhood | None = None
+) -> str:
+    """What the DPs showed when the order search's plan stands."""
     if grouped is None:
+        if near is not None:
+            return (
+                f"the DP over the contracted graph ({groups.count} groups) was past its limits; "
+                f"none of the splits whose cuts lie within {_nodes(near.window)} of this plan's cuts "
+                f"is {DP_GAIN:.0%} faster (DP over {near.ideals} ideals)"
+            )
         return (
             f"the DP over the contracted graph ({groups.count} groups) was past its limits, "
             "so splits outside those orders were not searched"
@@ -363,3 +428,7 @@ def _searched(grouped: IdealSplit | None, groups: Groups, upper: float) -> str:
             "boundary away from the order's layer ends, so the order's split is kept"
         )
     return f"none of {over} is faster"
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node{'s' if count != 1 else ''}"
