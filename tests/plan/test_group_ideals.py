@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 from dag_cases import TARGET, branchy_dags, evaluate, loaded, valid_assignments
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
@@ -25,6 +25,7 @@ from sharderd.graph.load import load_model
 from sharderd.plan import group_ideals
 from sharderd.plan.contract import Groups, contract
 from sharderd.plan.group_ideals import solve_groups
+from sharderd.plan.neighbourhood import search_near
 from sharderd.plan.order import candidate_orders
 from sharderd.plan.ordered_costs import calibrated_compute_s, ordered_costs
 from sharderd.plan.planner import plan_stages
@@ -299,3 +300,61 @@ def test_past_the_limits_the_neighbourhood_of_the_order_plan_is_searched(devices
         assert "of the previous plan's cuts" in plan.claim and "not proven" in plan.claim
     else:
         assert "of this plan's cuts is 1% faster" in plan.claim
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(model=branchy_dags(), k=st.integers(2, 4), pick=st.integers(0, 10**6))
+def test_neighbourhood_never_loses_and_is_never_below_the_optimum(
+    model: onnx.ModelProto, k: int, pick: int
+) -> None:
+    """From a random valid split, every round's split is valid, costs what the brute force says
+    it costs, beats the start or reports nothing, and is no faster than the true optimum."""
+    analysis = analyze(loaded(model), PlanConfig())
+    k = min(k, analysis.flow.num_nodes)
+    assignments = valid_assignments(analysis, k)
+    if assignments is None or k < 2:
+        return
+    costed = (analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)
+    require = int(costed.sum()) >= k
+    usable = [
+        a
+        for a in assignments
+        if not require or all(costed[np.asarray(a) == s].any() for s in range(k))
+    ]
+    if not usable:
+        return
+    first = np.asarray(usable[pick % len(usable)])
+    caps = np.full(k, float(TARGET.memory_bytes))
+    ref = next(iter(candidate_orders(analysis.flow).values()))
+    rank = np.empty(len(ref), dtype=np.int64)
+    rank[ref] = np.arange(len(ref))
+    start_s = evaluate(analysis, TARGET, first.tolist(), k)[0]
+    near = search_near(
+        analysis,
+        TARGET,
+        calibrated_compute_s(analysis, TARGET, None),
+        ref,
+        caps,
+        contract(analysis),
+        np.lexsort((rank, first)),
+        (0, *np.cumsum(np.bincount(first, minlength=k)).tolist()),
+        require_costed=require,
+        upper_bound=start_s,
+    )
+    event(f"improved: {near is not None and near.assignment is not None}")
+    if near is None or near.assignment is None:
+        return
+    optimum = min(evaluate(analysis, TARGET, a, k)[0] for a in usable)
+    worst, mems = evaluate(analysis, TARGET, near.assignment.tolist(), k)
+    assert worst == pytest.approx(near.bottleneck_s, rel=1e-9)
+    assert optimum * (1 - 1e-9) <= near.bottleneck_s < start_s
+    assert max(mems) <= TARGET.memory_bytes
+    producer = analysis.flow.producer
+    for q in range(analysis.flow.num_nodes):
+        for t in analysis.flow.inputs(q):
+            if producer[t] >= 0:
+                assert near.assignment[producer[t]] <= near.assignment[q]
