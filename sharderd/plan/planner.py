@@ -27,6 +27,9 @@ from sharderd.target import Target
 
 __all__ = ["DP_GAIN", "LEVEL_ORDER_GAIN", "lower_bound", "plan_stages"]
 
+_NO_GROUPS = Groups(np.zeros(0, dtype=np.int64), 0, (), ())
+"""Stands in when the DPs are skipped (the order plan is within ``DP_GAIN`` of the bound)."""
+
 LEVEL_ORDER_GAIN = 0.01
 """The level order replaces the file/depth-first plan only when it is this much faster: it exists
 for splits across parallel branches (often 10%+), and a hair's gain is not worth a stage boundary
@@ -135,10 +138,11 @@ def plan_stages(
             best is None or partition.bottleneck_s < best[0].bottleneck_s * (1 - gain)
         ):
             best = (partition, oc, name)
-    t1 = time.perf_counter()
-    groups = contract(analysis)
     upper = np.inf if best is None else best[0].bottleneck_s
-    met = best is not None and upper <= bound * (1 + 1e-9)
+    # No split beats the bound, so a plan within DP_GAIN of it leaves the DPs nothing to gain.
+    met = best is not None and upper <= bound * (1 + DP_GAIN)
+    t1 = time.perf_counter()
+    groups = _NO_GROUPS if met else contract(analysis)
     grouped = (
         None
         if met
@@ -227,7 +231,12 @@ def plan_stages(
                 claim=_near_claim(near, best[2], groups)
                 + ("; it meets the lower bound, so no valid split is faster" if meets else ""),
             )
-    searched = _searched(grouped, groups, upper, near)
+    searched = (
+        f"it is within {upper / bound - 1:.2%} of the lower bound, so no valid split is "
+        f"{DP_GAIN:.0%} faster"
+        if met
+        else _searched(grouped, groups, upper, near)
+    )
     if best is None:
         assert first_oc is not None
         proof = infeasible_proof(analysis, target, devices, safety_margin, scale)
