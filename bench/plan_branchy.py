@@ -112,6 +112,7 @@ def measure(path: Path, devices: int) -> dict[str, object]:
         "order": plan.order_name,
         "bottleneck_us": plan.bottleneck_s * 1e6,
         "bound_us": plan.lower_bound_s * 1e6,
+        "claim": getattr(plan, "claim", ""),
     }
 
 
@@ -150,6 +151,10 @@ def main() -> None:
             f"| {r['model']} | {r['nodes']} | {args.devices} | {r['plan_s']:.3f} | {r['method']} | {r['proven_optimal']} "
             f"| {r['order']} | {r['bottleneck_us']:.2f} | {r['bound_us']:.2f} |"
         )
+    print()
+    for r in rows:
+        if r.get("claim"):
+            print(f"- {r['model']} × {args.devices}: {r['claim']}")
     (OUT / "plan_branchy.json").write_text(json.dumps(rows, indent=1))
 
 

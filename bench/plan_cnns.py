@@ -199,6 +199,10 @@ def main() -> None:
             f"| {r['model']} | {r['nodes']} | {r['devices']} | {r['plan_s']:.3f} | {r['method']} "
             f"| {r['order']} | {r['bottleneck_us']:.2f} | {r['bound_us']:.2f} |"
         )
+    print()
+    for r in rows:
+        if r.get("claim"):
+            print(f"- {r['model']} × {r['devices']}: {r['claim']}")
     (OUT / "plan_cnns.json").write_text(json.dumps(rows, indent=1))
 
 
