@@ -52,7 +52,7 @@ def main() -> None:
                     "bottleneck_us": plan.bottleneck_s * 1e6,
                     "bound_us": plan.lower_bound_s * 1e6,
                     "orders_us": {k: v and v * 1e6 for k, v in plan.orders_tried.items()},
-                    "claim": plan.claim,
+                    "claim": getattr(plan, "claim", ""),
                 }
             )
     print(
