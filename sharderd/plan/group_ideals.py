@@ -14,7 +14,7 @@ Same recurrence and cost model as ``ideals.py`` (which stays the exhaustive solv
   are differences of per-ideal sums. A pair under its cap by that bound fits; only the pairs whose
   bound is over the cap *and* whose time would win are measured exactly (``StageMemory``).
 
-Limits (ideals, containment tests, pairs, exact measurements) keep it near a second; past them it
+Limits (ideals, containment tests, pairs, exact measurements' work) keep it near a second; past them it
 returns None and the order search's plan stands.
 """
 
@@ -34,7 +34,8 @@ MAX_GROUP_IDEALS = 20_000
 MAX_CONTAINMENT_WORDS = 60_000_000
 """Σ over ideals of (window size × 64-bit words): the containment tests' work."""
 MAX_PAIRS = 6_000_000
-MAX_EXACT_MEMORY = 4_000
+MAX_EXACT_WORK = 20_000_000
+"""Exact stage-memory measurements × (nodes + edges): ~1 s; 4,000 measurements at 5,000."""
 _TIE = 1e-12
 _BLOCK = 2048
 
@@ -96,11 +97,14 @@ def solve_groups(
     pair_i, pair_j, stage_time = pair_i[keep], pair_j[keep], stage_time[keep]
     exact_memory = StageMemory.build(analysis, target, ref_order)
     measured: dict[int, int] = {}
+    exact_budget = max(
+        50, MAX_EXACT_WORK // (analysis.flow.num_nodes + len(analysis.flow.cons_idx))
+    )
     of = groups.of_node
 
     def memory(p: int) -> int:
         if p not in measured:
-            if len(measured) >= MAX_EXACT_MEMORY:
+            if len(measured) >= exact_budget:
                 raise _OverBudget
             i, j = int(pair_i[p]), int(pair_j[p])
             before = member[i][of]

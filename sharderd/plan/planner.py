@@ -141,11 +141,19 @@ def plan_stages(
     upper = np.inf if best is None else best[0].bottleneck_s
     # No split beats the bound, so a plan within DP_GAIN of it leaves the DPs nothing to gain.
     met = best is not None and upper <= bound * (1 + DP_GAIN)
+    proof = (
+        infeasible_proof(analysis, target, devices, safety_margin, scale) if best is None else None
+    )
+    # Learned corrections are per device, while an excess follows the content (one big op): a DP
+    # that moves work onto a device with a smaller factor finds splits the next compile refutes,
+    # so under corrections the compile search keeps its own retries (docs/search.md).
+    corrected = memory_scale is not None
+    skip = met or proof is not None or corrected
     t1 = time.perf_counter()
-    groups = _NO_GROUPS if met else contract(analysis)
+    groups = _NO_GROUPS if skip else contract(analysis)
     grouped = (
         None
-        if met
+        if skip
         else solve_groups(
             analysis,
             target,
@@ -157,7 +165,8 @@ def plan_stages(
             upper_bound=upper,
         )
     )
-    timings["solve.contracted"] = time.perf_counter() - t1
+    if not skip:
+        timings["solve.contracted"] = time.perf_counter() - t1
     if (
         grouped is not None
         and grouped.assignment is not None
@@ -187,7 +196,7 @@ def plan_stages(
             claim=_contracted_claim(grouped.ideals, groups, meets),
         )
     near = None
-    if grouped is None and best is not None and not met:
+    if grouped is None and best is not None and not skip:
         t1 = time.perf_counter()
         near = search_near(
             analysis,
@@ -235,11 +244,12 @@ def plan_stages(
         f"it is within {upper / bound - 1:.2%} of the lower bound, so no valid split is "
         f"{DP_GAIN:.0%} faster"
         if met
+        else "the DPs over the whole graph are not run under learned corrections"
+        if corrected
         else _searched(grouped, groups, upper, near)
     )
     if best is None:
         assert first_oc is not None
-        proof = infeasible_proof(analysis, target, devices, safety_margin, scale)
         if proof is not None:
             if safety_margin > 1.0 and proof.min_devices is not None:
                 loose = target.memory_bytes / scale
