@@ -6,16 +6,17 @@ Every solver (ideals, orders, least overfull) ends here, so a plan reads the sam
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 
 from sharderd.graph.analyze import Analysis
-from sharderd.plan.ordered_costs import OrderedCosts
+from sharderd.plan.ordered_costs import OrderedCosts, ordered_costs
 from sharderd.plan.partition import Partition
 from sharderd.plan.types import CutTensor, Plan, StageCost
 from sharderd.target import Target
 
-__all__ = ["build_plan"]
+__all__ = ["build_plan", "canonical_order", "plan_of_assignment"]
 
 
 def build_plan(
@@ -94,3 +95,49 @@ def build_plan(
         safety_margin=margin,
         memory_scale=tuple(float(x) for x in scale),
     )
+
+
+def canonical_order(assignment: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Stages one after the other, each in the reference order: how the memory model reads a split."""
+    rank = np.empty(len(reference), dtype=np.int64)
+    rank[reference] = np.arange(len(reference))
+    return np.lexsort((rank, assignment)).astype(np.int64)
+
+
+def plan_of_assignment(
+    analysis: Analysis,
+    target: Target,
+    compute_s: np.ndarray,
+    reference: np.ndarray,
+    assignment: np.ndarray,
+    caps: np.ndarray,
+    safety_margin: float,
+    scale: np.ndarray,
+    *,
+    bound: float,
+    overhead: float,
+    method: str,
+) -> Plan:
+    """A plan from a stage per node, costed on the split's canonical order."""
+    devices = len(caps)
+    order = canonical_order(assignment, reference)
+    oc = ordered_costs(analysis, target, order, compute_s)
+    bounds = (0, *np.cumsum(np.bincount(assignment, minlength=devices)).tolist())
+    partition = Partition(
+        bounds=tuple(int(b) for b in bounds),
+        bottleneck_s=max(oc.stage_time(a, b) for a, b in itertools.pairwise(bounds)),
+        probes=0,
+    )
+    plan = build_plan(
+        analysis,
+        oc,
+        method,
+        partition,
+        target,
+        caps,
+        safety_margin,
+        scale,
+        bound=bound,
+        overhead_per_node=overhead,
+    )
+    return replace(plan, method=method, orders_tried={method: partition.bottleneck_s})
