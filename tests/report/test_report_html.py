@@ -236,6 +236,10 @@ def test_header_facts_match_the_report(oom_run: Run) -> None:
         == f"{fmt_seconds(plan['lower_bound_s'])} (ratio {plan['ratio_to_bound']:.3f})"
     )
     assert facts["throughput"].startswith(f"{plan['predicted_throughput_per_s']:.1f} samples/s")
+    # What the split is optimal over, in the report's own words (docs/planning.md).
+    assert plan["claim"] and facts["split"].endswith(plan["claim"])
+    assert facts["split"].startswith(plan["method"])
+    assert plan["claim"] in (oom_run.out / "report.md").read_text()
     assert (
         facts["target"].startswith("mini")
         and facts["backend"] == "poprt"

@@ -43,6 +43,19 @@ def facts_list(report: Mapping[str, Any]) -> str:
                 "lower bound",
                 f"{esc(fmt_seconds(plan['lower_bound_s']))} (ratio {ratio:.3f})",
             ),
+            *(
+                [
+                    (
+                        "split",
+                        "split",
+                        f"<code>{esc(plan['method'])}</code>"
+                        + (", proven optimal" if plan.get("proven_optimal") else "")
+                        + f": {esc(plan['claim'])}",
+                    )
+                ]
+                if plan.get("claim")
+                else []
+            ),
             (
                 "throughput",
                 "predicted throughput",
