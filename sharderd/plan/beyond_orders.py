@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sharderd.graph.analyze import Analysis
 from sharderd.plan.contract import Groups, contract
 from sharderd.plan.group_ideals import solve_groups
 from sharderd.plan.ideals import IdealSplit
 from sharderd.plan.neighbourhood import Neighbourhood, search_near
-from sharderd.target import Target
+from sharderd.plan.problem import Problem
 
 __all__ = ["DP_GAIN", "Found", "improve"]
 
@@ -42,13 +41,8 @@ class Found:
 
 
 def improve(
-    analysis: Analysis,
-    target: Target,
-    compute_s: np.ndarray,
-    reference: np.ndarray,
-    caps: np.ndarray,
+    problem: Problem,
     *,
-    require_costed: bool,
     start: tuple[np.ndarray, tuple[int, ...], str] | None,
     upper: float,
     skip: str | None,
@@ -59,17 +53,8 @@ def improve(
         return Found(None, "", skip, False)
     timings: dict[str, float] = {}
     t1 = time.perf_counter()
-    groups = contract(analysis)
-    grouped = solve_groups(
-        analysis,
-        target,
-        compute_s,
-        reference,
-        caps,
-        groups,
-        require_costed=require_costed,
-        upper_bound=upper,
-    )
+    groups = contract(problem.analysis)
+    grouped = solve_groups(problem, groups, upper_bound=upper)
     timings["solve.contracted"] = time.perf_counter() - t1
     if (
         grouped is not None
@@ -86,18 +71,7 @@ def improve(
     near = None
     if grouped is None and start is not None:
         t1 = time.perf_counter()
-        near = search_near(
-            analysis,
-            target,
-            compute_s,
-            reference,
-            caps,
-            groups,
-            start[0],
-            start[1],
-            require_costed=require_costed,
-            upper_bound=upper,
-        )
+        near = search_near(problem, groups, start[0], start[1], upper_bound=upper)
         timings["solve.neighbourhood"] = time.perf_counter() - t1
         if (
             near is not None

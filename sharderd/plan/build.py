@@ -13,6 +13,7 @@ import numpy as np
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.ordered_costs import OrderedCosts, ordered_costs
 from sharderd.plan.partition import Partition
+from sharderd.plan.problem import Problem
 from sharderd.plan.types import CutTensor, Plan, StageCost
 from sharderd.target import Target
 
@@ -105,12 +106,8 @@ def canonical_order(assignment: np.ndarray, reference: np.ndarray) -> np.ndarray
 
 
 def plan_of_assignment(
-    analysis: Analysis,
-    target: Target,
-    compute_s: np.ndarray,
-    reference: np.ndarray,
+    problem: Problem,
     assignment: np.ndarray,
-    caps: np.ndarray,
     safety_margin: float,
     scale: np.ndarray,
     *,
@@ -119,7 +116,13 @@ def plan_of_assignment(
     method: str,
 ) -> Plan:
     """A plan from a stage per node, costed on the split's canonical order."""
-    devices = len(caps)
+    analysis, target, reference, caps = (
+        problem.analysis,
+        problem.target,
+        problem.reference,
+        problem.caps,
+    )
+    compute_s, devices = problem.compute_s, problem.devices
     order = canonical_order(assignment, reference)
     oc = ordered_costs(analysis, target, order, compute_s)
     bounds = (0, *np.cumsum(np.bincount(assignment, minlength=devices)).tolist())

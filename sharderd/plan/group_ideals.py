@@ -25,6 +25,7 @@ import numpy as np
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.contract import Groups
 from sharderd.plan.ideals import IdealSplit
+from sharderd.plan.problem import Problem
 from sharderd.plan.stage_memory import StageMemory
 from sharderd.target import Target
 
@@ -41,14 +42,9 @@ _BLOCK = 2048
 
 
 def solve_groups(
-    analysis: Analysis,
-    target: Target,
-    compute_s: np.ndarray,
-    ref_order: np.ndarray,
-    caps: np.ndarray,
+    problem: Problem,
     groups: Groups,
     *,
-    require_costed: bool,
     upper_bound: float = np.inf,
     family: list[int] | None = None,
 ) -> IdealSplit | None:
@@ -58,6 +54,12 @@ def solve_groups(
     ``family`` restricts the cuts to those ideals (the empty one first, the whole graph last):
     the optimum is then over the splits whose every cut is in it.
     """
+    analysis, target, compute_s, caps = (
+        problem.analysis,
+        problem.target,
+        problem.compute_s,
+        problem.caps,
+    )
     masks = enumerate_ideals(groups) if family is None else family
     if masks is None:
         return None
@@ -92,10 +94,10 @@ def solve_groups(
     limit = upper_bound * (1 + 1e-9)
     stage_time = u[pair_j] + v[pair_i]
     keep = stage_time <= limit
-    if require_costed:
+    if problem.require_costed:
         keep &= per.costed[pair_j] > per.costed[pair_i]
     pair_i, pair_j, stage_time = pair_i[keep], pair_j[keep], stage_time[keep]
-    exact_memory = StageMemory.build(analysis, target, ref_order)
+    exact_memory = StageMemory.build(analysis, target, problem.reference)
     measured: dict[int, int] = {}
     exact_budget = max(
         50, MAX_EXACT_WORK // (analysis.flow.num_nodes + len(analysis.flow.cons_idx))

@@ -19,11 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sharderd.graph.analyze import Analysis
 from sharderd.plan.contract import Groups, node_preds, refine
 from sharderd.plan.group_ideals import MAX_GROUP_IDEALS, enumerate_ideals, solve_groups
 from sharderd.plan.ideals import IdealSplit
-from sharderd.target import Target
+from sharderd.plan.problem import Problem
 
 __all__ = ["MAX_ROUNDS", "MAX_WINDOW", "Neighbourhood", "search_near"]
 
@@ -44,35 +43,19 @@ class Neighbourhood:
 
 
 def search_near(
-    analysis: Analysis,
-    target: Target,
-    compute_s: np.ndarray,
-    ref_order: np.ndarray,
-    caps: np.ndarray,
+    problem: Problem,
     groups: Groups,
     order: np.ndarray,
     bounds: tuple[int, ...],
     *,
-    require_costed: bool,
     upper_bound: float,
 ) -> Neighbourhood | None:
     """Rounds of the DP around the cuts of the plan ``bounds`` of ``order``; None if no window fits."""
     best: Neighbourhood | None = None
-    preds = node_preds(analysis)
+    preds = node_preds(problem.analysis)
+    ref_order = problem.reference
     for round_no in range(1, MAX_ROUNDS + 1):
-        found = _one_round(
-            analysis,
-            target,
-            compute_s,
-            ref_order,
-            caps,
-            groups,
-            order,
-            bounds,
-            preds,
-            require_costed=require_costed,
-            upper_bound=upper_bound,
-        )
+        found = _one_round(problem, groups, order, bounds, preds, upper_bound=upper_bound)
         if found is None:
             break
         window, ideals, split = found
@@ -89,26 +72,21 @@ def search_near(
         rank = np.empty(len(ref_order), dtype=np.int64)
         rank[ref_order] = np.arange(len(ref_order))
         order = np.lexsort((rank, split.assignment)).astype(np.int64)
-        counts = np.bincount(split.assignment, minlength=len(caps))
+        counts = np.bincount(split.assignment, minlength=problem.devices)
         bounds = (0, *np.cumsum(counts).tolist())
     return best
 
 
 def _one_round(
-    analysis: Analysis,
-    target: Target,
-    compute_s: np.ndarray,
-    ref_order: np.ndarray,
-    caps: np.ndarray,
+    problem: Problem,
     groups: Groups,
     order: np.ndarray,
     bounds: tuple[int, ...],
     preds: list[list[int]],
     *,
-    require_costed: bool,
     upper_bound: float,
 ) -> tuple[int, int, IdealSplit] | None:
-    n, k = len(order), len(caps)
+    n, k = len(order), problem.devices
     cuts = np.asarray(bounds[1:-1], dtype=np.int64)
     if not len(cuts):
         return None
@@ -127,7 +105,7 @@ def _one_round(
         marks = np.stack([cuts - half, cuts + half], axis=1).ravel()
         segment = np.searchsorted(marks, pos, side="right")
         free = np.arange(2 * len(cuts) + 1) % 2 == 1  # the windows; the stretches between are fixed
-        refined = refine(analysis, groups, segment, free, preds)
+        refined = refine(problem.analysis, groups, segment, free, preds)
         seg_of_group = np.zeros(refined.count, dtype=np.int64)
         seg_of_group[refined.of_node] = segment
         family = [0]
@@ -141,17 +119,7 @@ def _one_round(
         else:
             whole = (1 << refined.count) - 1
             family = [x for x in dict.fromkeys(family) if x != whole] + [whole]
-            split = solve_groups(
-                analysis,
-                target,
-                compute_s,
-                ref_order,
-                caps,
-                refined,
-                require_costed=require_costed,
-                upper_bound=upper_bound,
-                family=family,
-            )
+            split = solve_groups(problem, refined, upper_bound=upper_bound, family=family)
             if split is not None:
                 return window, len(family), split
     return None

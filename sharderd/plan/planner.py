@@ -19,6 +19,7 @@ from sharderd.plan.infeasible import infeasible_exact, infeasible_proof
 from sharderd.plan.order import candidate_orders
 from sharderd.plan.ordered_costs import OrderedCosts, calibrated_compute_s, ordered_costs
 from sharderd.plan.partition import Partition, solve
+from sharderd.plan.problem import Problem
 from sharderd.plan.types import Plan
 from sharderd.target import Target
 
@@ -83,6 +84,7 @@ def plan_stages(
     require_costed = int(costed.sum()) >= devices
 
     overhead = target.op_overhead_s if measured_s is None else 0.0
+    problem = Problem(analysis, target, compute_s, reference, caps, require_costed)
     t1 = time.perf_counter()
     exact = solve_ideals(
         analysis, target, compute_s, reference, caps, require_costed=require_costed
@@ -94,12 +96,8 @@ def plan_stages(
                 analysis, target, compute_s, reference, devices, safety_margin, scale, exact.ideals
             )
         plan = plan_of_assignment(
-            analysis,
-            target,
-            compute_s,
-            reference,
+            problem,
             exact.assignment,
-            caps,
             safety_margin,
             scale,
             bound=bound,
@@ -136,12 +134,7 @@ def plan_stages(
         infeasible_proof(analysis, target, devices, safety_margin, scale) if best is None else None
     )
     found = improve(
-        analysis,
-        target,
-        compute_s,
-        reference,
-        caps,
-        require_costed=require_costed,
+        problem,
         start=None if best is None else (best[1].order, best[0].bounds, best[2]),
         upper=upper,
         skip=(
@@ -158,12 +151,8 @@ def plan_stages(
     timings.update(found.timings_s)
     if found.assignment is not None:
         plan = plan_of_assignment(
-            analysis,
-            target,
-            compute_s,
-            reference,
+            problem,
             found.assignment,
-            caps,
             safety_margin,
             scale,
             bound=bound,

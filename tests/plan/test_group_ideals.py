@@ -29,6 +29,7 @@ from sharderd.plan.neighbourhood import search_near
 from sharderd.plan.order import candidate_orders
 from sharderd.plan.ordered_costs import calibrated_compute_s, ordered_costs
 from sharderd.plan.planner import plan_stages
+from sharderd.plan.problem import Problem
 from sharderd.plan.stage_memory import StageMemory
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
@@ -44,18 +45,20 @@ def _export(name: str) -> Analysis:
     )
 
 
-def _solve(analysis: Analysis, target, caps, groups: Groups, upper: float = np.inf):
+def _problem(analysis: Analysis, target, caps) -> Problem:
     costed = (analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)
-    return solve_groups(
+    return Problem(
         analysis,
         target,
         calibrated_compute_s(analysis, target, None),
         next(iter(candidate_orders(analysis.flow).values())),
         np.asarray(caps, dtype=np.float64),
-        groups,
-        require_costed=int(costed.sum()) >= len(caps),
-        upper_bound=upper,
+        int(costed.sum()) >= len(caps),
     )
+
+
+def _solve(analysis: Analysis, target, caps, groups: Groups, upper: float = np.inf):
+    return solve_groups(_problem(analysis, target, caps), groups, upper_bound=upper)
 
 
 def _respects(assignment: list[int], groups: Groups) -> bool:
@@ -333,16 +336,13 @@ def test_neighbourhood_never_loses_and_is_never_below_the_optimum(
     rank = np.empty(len(ref), dtype=np.int64)
     rank[ref] = np.arange(len(ref))
     start_s = evaluate(analysis, TARGET, first.tolist(), k)[0]
+    problem = _problem(analysis, TARGET, caps)
+    assert problem.require_costed == require
     near = search_near(
-        analysis,
-        TARGET,
-        calibrated_compute_s(analysis, TARGET, None),
-        ref,
-        caps,
+        problem,
         contract(analysis),
         np.lexsort((rank, first)),
         (0, *np.cumsum(np.bincount(first, minlength=k)).tolist()),
-        require_costed=require,
         upper_bound=start_s,
     )
     event(f"improved: {near is not None and near.assignment is not None}")
