@@ -120,13 +120,13 @@ def solve_groups(
     try:
         for s in range(k):
             # Stages 0..s end at J, each within the bound, and the k-1-s after it cover the rest.
-            ends = (per.time <= (s + 1) * limit) & (
-                per.time[full] - per.time <= (k - 1 - s) * limit
-            )
             starts = np.isfinite(best) & (per.time[full] - per.time <= (k - s) * limit)
-            rows = np.flatnonzero(
-                (pair_j == full) & starts[pair_i] if s == k - 1 else ends[pair_j] & starts[pair_i]
-            )
+            if s == k - 1:
+                rows = np.flatnonzero((pair_j == full) & starts[pair_i])
+            else:
+                rest = per.time[full] - per.time <= (k - 1 - s) * limit
+                ends = (per.time <= (s + 1) * limit) & rest
+                rows = np.flatnonzero(ends[pair_j] & starts[pair_i])
             pi, pj = pair_i[rows], pair_j[rows]
             score = np.maximum(best[pi], stage_time[rows])
             # Stage memory: the code term is exact, the rest at most ``loose`` (module docstring).
