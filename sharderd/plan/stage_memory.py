@@ -25,10 +25,7 @@ class StageMemory:
     rank: np.ndarray
     """int64 [N]: position of each node in the reference order."""
     producer: np.ndarray
-    cons_ptr: np.ndarray
     cons_idx: np.ndarray
-    reader_tensor: np.ndarray
-    """int64 [E]: the tensor of each consumer entry (entries grouped by tensor)."""
     read_starts: np.ndarray
     """int64: first entry of each tensor that has readers."""
     read_tensors: np.ndarray
@@ -55,9 +52,7 @@ class StageMemory:
         return cls(
             rank=rank,
             producer=flow.producer,
-            cons_ptr=flow.cons_ptr,
             cons_idx=flow.cons_idx,
-            reader_tensor=np.repeat(np.arange(len(counts)), counts),
             read_starts=flow.cons_ptr[:-1][has],
             read_tensors=np.flatnonzero(has),
             tensor_bytes=tb,
@@ -87,23 +82,20 @@ class StageMemory:
         last = np.maximum.reduceat(where, self.read_starts) if len(where) else where
         t = self.read_tensors
         prod = self.producer[t]
-        made = np.where(
-            prod >= 0,
-            np.where(before[np.maximum(prod, 0)], -1, pos[np.maximum(prod, 0)]),
-            first,  # a graph input appears at its first reader
-        )
-        from_earlier = (prod >= 0) & before[np.maximum(prod, 0)]
-        made = np.where(from_earlier | ((prod < 0) & (first == -1)), -1, made)
-        known = (prod < 0) | from_earlier | (stage[np.maximum(prod, 0)] & (prod >= 0))
+        is_input, node = prod < 0, np.maximum(prod, 0)
+        # Where each tensor appears in the stage: -1 before it (made by an earlier stage, or an
+        # input an earlier stage reads first), its producer's position, or an input's first reader.
+        earlier = np.where(is_input, first == -1, before[node])
+        made = np.where(earlier, -1, np.where(is_input, first, pos[node]))
+        known = is_input | earlier | stage[node]  # made by a later stage: not live here
         # Live on positions made+1 .. last (a received tensor from 0), inputs also at their first reader.
-        live_span = known & (last > made) & (last >= 0)
-        diff = np.zeros(size + 2, dtype=np.int64)
-        start = np.where(made < 0, 0, made + 1)
+        start = made + 1
         stop = np.minimum(last, size - 1) + 1
-        span = live_span & (stop > start)
+        span = known & (last > made) & (stop > start)
+        diff = np.zeros(size + 2, dtype=np.int64)
         np.add.at(diff, start[span], self.tensor_bytes[t[span]])
         np.add.at(diff, stop[span], -self.tensor_bytes[t[span]])
         live = np.cumsum(diff)[:size] + self.out_bytes[nodes]
-        streamed = (prod < 0) & (first >= 0) & (first < size)
+        streamed = is_input & (first >= 0) & (first < size)
         np.add.at(live, first[streamed], self.tensor_bytes[t[streamed]])
         return weights + int(live.max()) + self.code_bytes_per_node * size
