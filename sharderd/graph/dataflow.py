@@ -76,6 +76,14 @@ class Dataflow:
     def weights(self, node: int) -> np.ndarray:
         return self.nw_idx[self.nw_ptr[node] : self.nw_ptr[node + 1]]
 
+    def predecessors(self) -> tuple[tuple[int, ...], ...]:
+        """The nodes each node reads from, sorted (graph inputs and weights are no node)."""
+        producer = self.producer.tolist()
+        return tuple(
+            tuple(sorted({producer[t] for t in self.inputs(q).tolist() if producer[t] >= 0}))
+            for q in range(self.num_nodes)
+        )
+
 
 def csr(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     ptr = np.zeros(len(rows) + 1, dtype=np.int64)

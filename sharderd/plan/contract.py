@@ -27,7 +27,7 @@ from sharderd.graph.analyze import Analysis
 from sharderd.graph.dataflow import Dataflow
 from sharderd.plan.order import constant_only_nodes
 
-__all__ = ["TINY_BYTES", "Groups", "contract", "node_preds", "refine"]
+__all__ = ["TINY_BYTES", "Groups", "contract", "refine"]
 
 TINY_BYTES = 4096
 """Outputs up to this size are bookkeeping (shape vectors, scalars, masks of a few elements)."""
@@ -42,6 +42,8 @@ class Groups:
     """Bit mask of each group's predecessor groups."""
     succ: tuple[tuple[int, ...], ...]
     """Successor groups of each group."""
+    node_preds: tuple[tuple[int, ...], ...]
+    """``Dataflow.predecessors()``, kept so a refinement need not read the graph again."""
 
     @property
     def merged(self) -> int:
@@ -54,7 +56,7 @@ def contract(analysis: Analysis, *, enabled: bool = True) -> Groups:
     flow, costs = analysis.flow, analysis.costs
     n = flow.num_nodes
     topo = flow.topo_order.tolist()
-    preds = node_preds(analysis)
+    preds = flow.predecessors()
     succs = [
         sorted({int(c) for t in flow.outputs(q).tolist() for c in flow.consumers(t).tolist()})
         for q in range(n)
@@ -99,22 +101,11 @@ def contract(analysis: Analysis, *, enabled: bool = True) -> Groups:
     return _grouped(flow, np.array([find(q) for q in range(n)], dtype=np.int64), preds)
 
 
-def node_preds(analysis: Analysis) -> list[list[int]]:
-    """The producer nodes each node reads from."""
-    flow = analysis.flow
-    producer = flow.producer
-    return [
-        sorted({int(producer[t]) for t in flow.inputs(q).tolist() if producer[t] >= 0})
-        for q in range(flow.num_nodes)
-    ]
-
-
 def refine(
     analysis: Analysis,
     groups: Groups,
     segment: np.ndarray,
     free: np.ndarray,
-    preds: list[list[int]],
 ) -> Groups:
     """Groups cut along ``segment`` (int [N], non-decreasing along a topological order); a
     segment that is not ``free[segment]`` becomes one group of its own.
@@ -124,10 +115,10 @@ def refine(
     """
     width = int(segment.max(initial=0)) + 1
     labels = np.where(free[segment], groups.of_node * width + segment, -1 - segment)
-    return _grouped(analysis.flow, labels.astype(np.int64), preds)
+    return _grouped(analysis.flow, labels.astype(np.int64), groups.node_preds)
 
 
-def _grouped(flow: Dataflow, labels: np.ndarray, preds: list[list[int]]) -> Groups:
+def _grouped(flow: Dataflow, labels: np.ndarray, preds: tuple[tuple[int, ...], ...]) -> Groups:
     """Groups from a label per node, numbered by the topological position of their first member."""
     number: dict[int, int] = {}
     for q in flow.topo_order.tolist():
@@ -143,4 +134,4 @@ def _grouped(flow: Dataflow, labels: np.ndarray, preds: list[list[int]]) -> Grou
             if gp != gq:
                 pred[gq] |= 1 << gp
                 succ[gp].add(gq)
-    return Groups(of_node, count, tuple(pred), tuple(tuple(sorted(s)) for s in succ))
+    return Groups(of_node, count, tuple(pred), tuple(tuple(sorted(s)) for s in succ), preds)

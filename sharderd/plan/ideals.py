@@ -61,12 +61,8 @@ def solve_ideals(
     rank = np.empty(n, dtype=np.int64)
     rank[ref_order] = np.arange(n)
     producer = flow.producer
-    pred = [0] * n
+    pred = [sum(1 << p for p in ps) for ps in flow.predecessors()]
     in_lists = [flow.inputs(q).tolist() for q in range(n)]
-    for q in range(n):
-        for t in in_lists[q]:
-            if producer[t] >= 0:
-                pred[q] |= 1 << int(producer[t])
     ideals = _enumerate(pred, n)
     if ideals is None:
         return None

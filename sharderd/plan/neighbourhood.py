@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sharderd.plan.contract import Groups, node_preds, refine
+from sharderd.plan.contract import Groups, refine
 from sharderd.plan.group_ideals import MAX_GROUP_IDEALS, enumerate_ideals, solve_groups
 from sharderd.plan.ideals import IdealSplit
 from sharderd.plan.problem import Problem
@@ -52,10 +52,9 @@ def search_near(
 ) -> Neighbourhood | None:
     """Rounds of the DP around the cuts of the plan ``bounds`` of ``order``; None if no window fits."""
     best: Neighbourhood | None = None
-    preds = node_preds(problem.analysis)
     ref_order = problem.reference
     for round_no in range(1, MAX_ROUNDS + 1):
-        found = _one_round(problem, groups, order, bounds, preds, upper_bound=upper_bound)
+        found = _one_round(problem, groups, order, bounds, upper_bound=upper_bound)
         if found is None:
             break
         window, ideals, split = found
@@ -82,7 +81,6 @@ def _one_round(
     groups: Groups,
     order: np.ndarray,
     bounds: tuple[int, ...],
-    preds: list[list[int]],
     *,
     upper_bound: float,
 ) -> tuple[int, int, IdealSplit] | None:
@@ -105,7 +103,7 @@ def _one_round(
         marks = np.stack([cuts - half, cuts + half], axis=1).ravel()
         segment = np.searchsorted(marks, pos, side="right")
         free = np.arange(2 * len(cuts) + 1) % 2 == 1  # the windows; the stretches between are fixed
-        refined = refine(problem.analysis, groups, segment, free, preds)
+        refined = refine(problem.analysis, groups, segment, free)
         seg_of_group = np.zeros(refined.count, dtype=np.int64)
         seg_of_group[refined.of_node] = segment
         family = [0]
