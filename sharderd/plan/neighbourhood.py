@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sharderd.plan.build import canonical_order
 from sharderd.plan.contract import Groups, refine
 from sharderd.plan.group_ideals import MAX_GROUP_IDEALS, enumerate_ideals, solve_groups
 from sharderd.plan.ideals import IdealSplit
@@ -52,7 +53,6 @@ def search_near(
 ) -> Neighbourhood | None:
     """Rounds of the DP around the cuts of the plan ``bounds`` of ``order``; None if no window fits."""
     best: Neighbourhood | None = None
-    ref_order = problem.reference
     for round_no in range(1, MAX_ROUNDS + 1):
         found = _one_round(problem, groups, order, bounds, upper_bound=upper_bound)
         if found is None:
@@ -68,9 +68,7 @@ def search_near(
             break
         best = Neighbourhood(split.assignment, split.bottleneck_s, window, ideals, round_no)
         upper_bound = split.bottleneck_s
-        rank = np.empty(len(ref_order), dtype=np.int64)
-        rank[ref_order] = np.arange(len(ref_order))
-        order = np.lexsort((rank, split.assignment)).astype(np.int64)
+        order = canonical_order(split.assignment, problem.reference)
         counts = np.bincount(split.assignment, minlength=problem.devices)
         bounds = (0, *np.cumsum(counts).tolist())
     return best
