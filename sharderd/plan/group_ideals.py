@@ -20,6 +20,8 @@ returns None and the order search's plan stands.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from sharderd.graph.analyze import Analysis
@@ -177,15 +179,21 @@ class _OverBudget(Exception):
     """More exact memory measurements than the limit: the order search's plan stands."""
 
 
+@dataclass(frozen=True, slots=True)
 class _PerIdeal:
-    """Sums over each ideal: time (compute, host I/O), bytes sent across its boundary, and the
-    loose memory terms (weights per node, bytes made or streamed in), plus node and costed counts."""
+    """Sums over each ideal, one array entry per ideal."""
 
-    __slots__ = ("costed", "cut", "made", "nodes", "time", "weights")
-
-    def __init__(self, **arrays: np.ndarray) -> None:
-        for name, value in arrays.items():
-            setattr(self, name, value)
+    time: np.ndarray
+    """Compute and host I/O of its nodes, seconds."""
+    cut: np.ndarray
+    """Bytes of the tensors made in it and read outside it."""
+    made: np.ndarray
+    """Bytes its nodes write, plus the graph inputs it streams in (a loose memory term)."""
+    weights: np.ndarray
+    """Weight bytes of its nodes, a shared weight once per reader (a loose memory term)."""
+    nodes: np.ndarray
+    costed: np.ndarray
+    """Its nodes with FLOPs or weights."""
 
     @classmethod
     def build(
@@ -308,11 +316,21 @@ def enumerate_ideals(
     return out
 
 
+def _windows(time: np.ndarray, upper_bound: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per ``J``, the ideals ``I`` whose time is within ``upper_bound`` below ``J``'s (``T(I, J) ≥
+    P(J) − P(I)``): ``by_time[lo[J]:hi[J]]``, with a relative slack for rounding."""
+    by_time = np.argsort(time, kind="stable")
+    ordered = time[by_time]
+    slack = 1e-9 * max(float(time.max(initial=0.0)), 1e-30)
+    lo = np.searchsorted(ordered, time - upper_bound * (1 + 1e-9) - slack, side="left")
+    hi = np.searchsorted(ordered, time + slack, side="right")
+    return by_time, lo, hi
+
+
 def _window_work(time: np.ndarray, upper_bound: float) -> int:
     """How many candidate ``I`` the windows of ``_pairs`` hold, summed over ``J``."""
-    ordered = np.sort(time)
-    lo = np.searchsorted(ordered, time - upper_bound * (1 + 1e-9), side="left")
-    return int((np.searchsorted(ordered, time, side="right") - lo).sum())
+    _, lo, hi = _windows(time, upper_bound)
+    return int((hi - lo).sum())
 
 
 def _pairs(
@@ -320,11 +338,7 @@ def _pairs(
 ) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
     """Every nested pair ``I ⊊ J`` whose stage could be no slower than ``upper_bound``."""
     m, words = packed.shape
-    by_time = np.argsort(per.time, kind="stable")
-    sorted_time = per.time[by_time]
-    slack = 1e-9 * max(float(per.time[-1]), 1e-30)
-    lo = np.searchsorted(sorted_time, per.time - upper_bound * (1 + 1e-9) - slack, side="left")
-    hi = np.searchsorted(sorted_time, per.time + slack, side="right")
+    by_time, lo, hi = _windows(per.time, upper_bound)
     if int(((hi - lo) * words).sum()) > MAX_CONTAINMENT_WORDS:
         return None, None
     out_i: list[np.ndarray] = []
