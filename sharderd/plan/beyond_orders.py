@@ -96,11 +96,10 @@ def improve(
 def _contracted_claim(ideals: int, groups: Groups) -> str:
     if groups.merged == 0:
         return f"optimal over every valid split (DP over all {ideals} ideals)"
-    kept = (
+    return (
         f"optimal over the splits that keep shape arithmetic and constant-only nodes with their "
         f"neighbours ({len(groups.of_node)} nodes in {groups.count} groups; DP over {ideals} ideals)"
     )
-    return kept
 
 
 def _near_claim(near: Neighbourhood, start: str, groups: Groups) -> str:
@@ -115,7 +114,7 @@ def _near_claim(near: Neighbourhood, start: str, groups: Groups) -> str:
 
 
 def _searched(
-    grouped: IdealSplit | None, groups: Groups, upper: float, near: Neighbourhood | None = None
+    grouped: IdealSplit | None, groups: Groups, upper: float, near: Neighbourhood | None
 ) -> str:
     """What the DPs showed when the order search's plan stands."""
     if grouped is None:

@@ -161,7 +161,7 @@ def plan_stages(
         )
         tried[plan.method] = plan.bottleneck_s
         timings["total"] = time.perf_counter() - t0
-        meets = bool(plan.bottleneck_s <= bound * (1 + 1e-9))
+        meets = _meets(plan.bottleneck_s, bound)
         return replace(
             plan,
             orders_tried=tried,
@@ -239,7 +239,7 @@ def plan_stages(
         overhead_per_node=overhead,
     )
     timings["total"] = time.perf_counter() - t0
-    meets = bool(partition.bottleneck_s <= bound * (1 + 1e-9))
+    meets = _meets(partition.bottleneck_s, bound)
     return replace(
         plan,
         orders_tried=tried,
@@ -253,6 +253,11 @@ def plan_stages(
             else f"exact on each candidate order ({', '.join(tried)}); {searched}"
         ),
     )
+
+
+def _meets(bottleneck_s: float, bound: float) -> bool:
+    """At the lower bound (up to rounding): no valid split is faster."""
+    return bool(bottleneck_s <= bound * (1 + 1e-9))
 
 
 def _least_overfull(

@@ -85,8 +85,9 @@ class Plan:
     method: str = "orders"
     """What produced the split: ``ideals`` (DP over every valid split), ``contracted`` (the DP over
     the contracted graph: optimal over splits that keep each group together), ``neighbourhood``
-    (the DP over the cuts near an order plan's cuts), ``orders`` (exact on each candidate order) or ``overfull`` (no split found within the estimate, none proven
-    impossible: the least overfull split, for a compile to decide)."""
+    (the DP over the cuts near an order plan's cuts), ``orders`` (exact on each candidate order)
+    or ``overfull`` (no split found within the estimate, none proven impossible: the least
+    overfull split, for a compile to decide)."""
     proven_optimal: bool = False
     """True when no valid split has a smaller bottleneck (exhaustive DP, or the plan meets the bound)."""
     claim: str = ""
