@@ -6,7 +6,6 @@ Every solver (ideals, orders, least overfull) ends here, so a plan reads the sam
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 import numpy as np
 
@@ -17,7 +16,7 @@ from sharderd.plan.problem import Problem
 from sharderd.plan.types import CutTensor, Plan, StageCost
 from sharderd.target import Target
 
-__all__ = ["build_plan", "canonical_order", "plan_of_assignment"]
+__all__ = ["build_plan", "canonical_order", "costed_split"]
 
 
 def build_plan(
@@ -105,42 +104,15 @@ def canonical_order(assignment: np.ndarray, reference: np.ndarray) -> np.ndarray
     return np.lexsort((rank, assignment)).astype(np.int64)
 
 
-def plan_of_assignment(
-    problem: Problem,
-    assignment: np.ndarray,
-    safety_margin: float,
-    scale: np.ndarray,
-    *,
-    bound: float,
-    overhead: float,
-    method: str,
-) -> Plan:
-    """A plan from a stage per node, costed on the split's canonical order."""
-    analysis, target, reference, caps = (
-        problem.analysis,
-        problem.target,
-        problem.reference,
-        problem.caps,
-    )
-    compute_s, devices = problem.compute_s, problem.devices
-    order = canonical_order(assignment, reference)
-    oc = ordered_costs(analysis, target, order, compute_s)
-    bounds = (0, *np.cumsum(np.bincount(assignment, minlength=devices)).tolist())
+def costed_split(problem: Problem, assignment: np.ndarray) -> tuple[OrderedCosts, Partition]:
+    """A stage per node as the interval partitioner's result: its canonical order, costed, and
+    the stage bounds along it, so any split becomes a plan the way an order's does."""
+    order = canonical_order(assignment, problem.reference)
+    oc = ordered_costs(problem.analysis, problem.target, order, problem.compute_s)
+    bounds = (0, *np.cumsum(np.bincount(assignment, minlength=problem.devices)).tolist())
     partition = Partition(
         bounds=tuple(int(b) for b in bounds),
         bottleneck_s=max(oc.stage_time(a, b) for a, b in itertools.pairwise(bounds)),
         probes=0,
     )
-    plan = build_plan(
-        analysis,
-        oc,
-        method,
-        partition,
-        target,
-        caps,
-        safety_margin,
-        scale,
-        bound=bound,
-        overhead_per_node=overhead,
-    )
-    return replace(plan, method=method, orders_tried={method: partition.bottleneck_s})
+    return oc, partition

@@ -13,7 +13,7 @@ from sharderd.errors import ConfigError, PlanInfeasibleError
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.beyond_orders import DP_GAIN, improve
 from sharderd.plan.bounds import lower_bound_all_splits
-from sharderd.plan.build import build_plan, plan_of_assignment
+from sharderd.plan.build import build_plan, costed_split
 from sharderd.plan.ideals import solve_ideals
 from sharderd.plan.infeasible import infeasible_exact, infeasible_proof
 from sharderd.plan.order import candidate_orders
@@ -85,6 +85,26 @@ def plan_stages(
 
     overhead = target.op_overhead_s if measured_s is None else 0.0
     problem = Problem(analysis, target, compute_s, reference, caps, require_costed)
+
+    def plan_of(oc: OrderedCosts, name: str, partition: Partition) -> Plan:
+        return build_plan(
+            analysis,
+            oc,
+            name,
+            partition,
+            target,
+            caps,
+            safety_margin,
+            scale,
+            bound=bound,
+            overhead_per_node=overhead,
+        )
+
+    def plan_of_split(assignment: np.ndarray, method: str) -> Plan:
+        oc, partition = costed_split(problem, assignment)
+        plan = plan_of(oc, method, partition)
+        return replace(plan, method=method, orders_tried={method: partition.bottleneck_s})
+
     t1 = time.perf_counter()
     exact = solve_ideals(
         analysis, target, compute_s, reference, caps, require_costed=require_costed
@@ -95,15 +115,7 @@ def plan_stages(
             raise infeasible_exact(
                 analysis, target, compute_s, reference, devices, safety_margin, scale, exact.ideals
             )
-        plan = plan_of_assignment(
-            problem,
-            exact.assignment,
-            safety_margin,
-            scale,
-            bound=bound,
-            overhead=overhead,
-            method="ideals",
-        )
+        plan = plan_of_split(exact.assignment, "ideals")
         timings["total"] = time.perf_counter() - t0
         return replace(
             plan,
@@ -150,15 +162,7 @@ def plan_stages(
     )
     timings.update(found.timings_s)
     if found.assignment is not None:
-        plan = plan_of_assignment(
-            problem,
-            found.assignment,
-            safety_margin,
-            scale,
-            bound=bound,
-            overhead=overhead,
-            method=found.method,
-        )
+        plan = plan_of_split(found.assignment, found.method)
         tried[plan.method] = plan.bottleneck_s
         timings["total"] = time.perf_counter() - t0
         meets = _meets(plan.bottleneck_s, bound)
@@ -204,18 +208,7 @@ def plan_stages(
                 device=int(np.argmax(scale)),
             )
         partition, oc = _least_overfull(first_oc, caps, require_costed)
-        plan = build_plan(
-            analysis,
-            oc,
-            next(iter(candidates)),
-            partition,
-            target,
-            caps,
-            safety_margin,
-            scale,
-            bound=bound,
-            overhead_per_node=overhead,
-        )
+        plan = plan_of(oc, next(iter(candidates)), partition)
         timings["total"] = time.perf_counter() - t0
         return replace(
             plan,
@@ -226,18 +219,7 @@ def plan_stages(
             claim=f"no split found within the estimate and none proven impossible; {searched}",
         )
     partition, oc, name = best
-    plan = build_plan(
-        analysis,
-        oc,
-        name,
-        partition,
-        target,
-        caps,
-        safety_margin,
-        scale,
-        bound=bound,
-        overhead_per_node=overhead,
-    )
+    plan = plan_of(oc, name, partition)
     timings["total"] = time.perf_counter() - t0
     meets = _meets(partition.bottleneck_s, bound)
     return replace(
