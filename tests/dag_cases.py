@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from hypothesis import assume
+from hypothesis import HealthCheck, assume, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
@@ -18,7 +18,15 @@ from sharderd.plan.order import candidate_orders
 from sharderd.plan.ordered_costs import calibrated_compute_s
 from sharderd.target import BUILTIN_TARGETS, Target
 
-__all__ = ["TARGET", "branchy_dags", "evaluate", "loaded", "splits", "valid_assignments"]
+__all__ = [
+    "TARGET",
+    "branchy_dags",
+    "dag_settings",
+    "evaluate",
+    "loaded",
+    "splits",
+    "valid_assignments",
+]
 
 H = 8
 TARGET = replace(
@@ -29,6 +37,16 @@ TARGET = replace(
     code_bytes_per_node=256,
 )
 MAX_ASSIGNMENTS = 4000
+
+
+def dag_settings(examples: int) -> settings:
+    """Hypothesis settings for a brute-force property: no deadline (a brute force of 4,000 splits
+    is slow by design), and draws the brute force rejects (too many splits) are not a health issue."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
 
 
 def loaded(model: onnx.ModelProto) -> LoadedModel:

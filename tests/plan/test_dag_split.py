@@ -12,8 +12,16 @@ from dataclasses import replace
 import numpy as np
 import onnx
 import pytest
-from dag_cases import TARGET, branchy_dags, evaluate, loaded, splits, valid_assignments
-from hypothesis import HealthCheck, given, settings
+from dag_cases import (
+    TARGET,
+    branchy_dags,
+    dag_settings,
+    evaluate,
+    loaded,
+    splits,
+    valid_assignments,
+)
+from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
@@ -28,11 +36,7 @@ from sharderd.plan.planner import lower_bound, plan_stages
 from sharderd.target import BUILTIN_TARGETS, Target
 
 
-@settings(
-    max_examples=150,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+@dag_settings(150)
 @given(
     model=branchy_dags(),
     k=st.integers(1, 4),

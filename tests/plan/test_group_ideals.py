@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from dag_cases import TARGET, branchy_dags, evaluate, loaded, valid_assignments
-from hypothesis import HealthCheck, event, given, settings
+from dag_cases import TARGET, branchy_dags, dag_settings, evaluate, loaded, valid_assignments
+from hypothesis import event, given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
@@ -68,11 +68,7 @@ def _respects(assignment: list[int], groups: Groups) -> bool:
     )
 
 
-@settings(
-    max_examples=120,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+@dag_settings(120)
 @given(
     model=branchy_dags(),
     k=st.integers(1, 4),
@@ -305,11 +301,7 @@ def test_past_the_limits_the_neighbourhood_of_the_order_plan_is_searched(devices
         assert "of this plan's cuts is 1% faster" in plan.claim
 
 
-@settings(
-    max_examples=80,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+@dag_settings(80)
 @given(model=branchy_dags(), k=st.integers(2, 4), pick=st.integers(0, 10**6))
 def test_neighbourhood_never_loses_and_is_never_below_the_optimum(
     model: onnx.ModelProto, k: int, pick: int
