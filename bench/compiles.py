@@ -814,7 +814,7 @@ def section(
         f"retries, capped at {SEED_MAX_COMPILES} compiles), both against the fake PopRT (`tests/fake_poprt`) "
         f"on a {TILES}-tile IPU ({TILES} × 624 KiB). The fake's memory truth is not sharderd's model. "
         f"Models: {models}. Truths: {truths}. The first four keep the fake's worst tile a uniform share "
-        "of the device's load × an imbalance (the family sharderd's per-device ratio assumes); the last "
+        "of the device's load × an imbalance (the family a factor on bytes fits best); the last "
         "three do not: the worst tile is the biggest op's (its weights, operands and temporaries on 40% "
         "of the tiles, as a big matmul's partials or an embedding's rows), exchange and code follow op "
         "types, or every split's worst tile scatters by up to ±10%. Targets (issue 12): no wrong \"does "

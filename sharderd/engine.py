@@ -15,6 +15,7 @@ from sharderd.errors import SharderdError
 from sharderd.fsutil import atomic_write
 from sharderd.graph.analyze import Analysis, analyze
 from sharderd.graph.load import load_model
+from sharderd.plan.content import ContentCorrection
 from sharderd.plan.planner import plan_stages
 from sharderd.plan.types import Plan
 from sharderd.shard.annotate import RoutedInput, annotate, check_annotation
@@ -48,8 +49,10 @@ def make_plan(
     safety_margin: float | None = None,
     orders: Sequence[str] | None = None,
     measured_times: Mapping[str, float] | None = None,
+    content: ContentCorrection | None = None,
 ) -> Plan:
-    """Plan with the config's margin; ``measured_times`` (node name → seconds) replaces FLOPs."""
+    """Plan with the config's margin; ``measured_times`` (node name → seconds) replaces FLOPs;
+    ``content`` corrects the bytes of nodes compiles measured."""
     measured = None
     if measured_times:
         measured = np.array(
@@ -64,6 +67,7 @@ def make_plan(
         memory_scale=memory_scale,
         orders=orders,
         measured_s=measured,
+        content=content,
     )
 
 

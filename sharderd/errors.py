@@ -126,6 +126,12 @@ class PlanInfeasibleError(SharderdError):
         self.min_devices = min_devices
         self.fits_without_margin = fits_without_margin
         """True when only the safety margin rules the split out: a compile may still prove it."""
+        self.node: str | None = None
+        """Set when one node alone does not fit (no number of devices helps)."""
+        self.node_need: float = 0.0
+        """That node's need / device capacity."""
+        self.node_activation_share: float = 0.0
+        """Its inputs and outputs / its need: where conv/matmul temporaries live."""
 
     def to_dict(self) -> dict[str, object]:
         return {

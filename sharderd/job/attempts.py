@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,8 @@ class AttemptRecord:
     correction: Correction | None = None
     measured_times: Mapping[str, float] | None = None
     """Node times the plan was made with (``cost_model = "measured"``), else None."""
+    contents: Sequence[Sequence[Sequence[int]]] = ()
+    """Each stage's nodes (``plan.observations.stage_contents``): what an OOM's excess follows."""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     cancelled_because: str | None = None
     """Why the attempt was stopped before it finished (a better plan compiled, the job stopped)."""

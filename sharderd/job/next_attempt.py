@@ -18,9 +18,9 @@ from sharderd.job.session import PlanRequest
 from sharderd.plan.choose import Compiled, best_compiled
 from sharderd.plan.search import (
     AttemptKey,
+    ContentCorrection,
     Observation,
     amp_retry,
-    hypothesis_scales,
 )
 
 __all__ = ["NextAttempt"]
@@ -36,6 +36,7 @@ class NextAttempt(ProverState):
         orders: tuple[str, ...] | None,
         write_dir: str | None,
         devices: int | None = None,
+        content: ContentCorrection | None = None,
     ) -> PlanRequest:
         # No correction learned yet: say so (None), so the planner returns its least overfull split
         # for a compile to decide instead of refusing without a proof.
@@ -48,15 +49,24 @@ class NextAttempt(ProverState):
             write_dir=write_dir,
             stem=self.stem,
             measured_times=self.measured_times,
+            content=None if content is None or content.identity else content,
         )
 
     async def _plan(
-        self, *, margin: float, scale: tuple[float, ...], orders: tuple[str, ...] | None, amp: float
+        self,
+        *,
+        margin: float,
+        scale: tuple[float, ...],
+        content: ContentCorrection,
+        orders: tuple[str, ...] | None,
+        amp: float,
     ) -> tuple[dict[str, Any], tuple[float, ...]] | None:
         """A plan whose (digest, amp) was never tried, escalating the last correction if needed."""
         state = self.state
         for _ in range(MAX_ESCALATIONS):
-            result = await self.session.plan(self._request(margin, scale, orders, None))
+            result = await self.session.plan(
+                self._request(margin, scale, orders, None, content=content)
+            )
             if AttemptKey(result["plan"]["digest"], amp) not in self.tried:
                 self.state = state
                 return result, scale
@@ -73,8 +83,11 @@ class NextAttempt(ProverState):
         scale: tuple[float, ...],
         orders: tuple[str, ...] | None,
         amp: float,
+        content: ContentCorrection,
     ) -> AttemptRecord | None:
-        planned = await self._plan(margin=margin, scale=scale, orders=orders, amp=amp)
+        planned = await self._plan(
+            margin=margin, scale=scale, content=content, orders=orders, amp=amp
+        )
         if planned is None:
             return None
         _, used_scale = planned
@@ -82,7 +95,7 @@ class NextAttempt(ProverState):
         directory = self.workdir / f"attempt-{index}"
         if directory.exists():
             shutil.rmtree(directory)
-        request = self._request(margin, used_scale, orders, str(directory))
+        request = self._request(margin, used_scale, orders, str(directory), content=content)
         result = await self.session.plan(request)
         record = AttemptRecord(
             index=index,
@@ -96,6 +109,7 @@ class NextAttempt(ProverState):
             directory=directory,
             request=request,
             measured_times=self.measured_times,
+            contents=result.get("contents", ()),
         )
         self.emit(
             "plan.finished",
@@ -116,7 +130,12 @@ class NextAttempt(ProverState):
             self.calibrate_pending = False
             try:
                 record = await self._candidate(
-                    "re-plan on measured times", self.margin, self.scale, None, self.default_amp
+                    "re-plan on measured times",
+                    self.margin,
+                    self.scale,
+                    None,
+                    self.default_amp,
+                    self.state.content(),
                 )
             except PlanInfeasibleError:
                 record = None
@@ -127,7 +146,7 @@ class NextAttempt(ProverState):
             label = "plan" if not self.attempts else "re-plan after OOM"
             try:
                 record = await self._candidate(
-                    label, self.margin, self.scale, None, self.default_amp
+                    label, self.margin, self.scale, None, self.default_amp, self.state.content()
                 )
             except PlanInfeasibleError as err:
                 record = None
@@ -141,13 +160,13 @@ class NextAttempt(ProverState):
                 record = await self._verdict_check(err)
             if record is not None:
                 return record
+        amp_running = any(a.key.amp != self.default_amp for a in self.running.values())
         if self.infeasible is None and not self._any_ok():
             spec = await self._speculative()
             if spec is not None:
                 return spec
         if self.optimal_perf and self._any_ok():
             return await self._perf_variant()
-        amp_running = any(a.key.amp != self.default_amp for a in self.running.values())
         if (
             self.infeasible is not None
             and self.backend == "poprt"
@@ -161,15 +180,16 @@ class NextAttempt(ProverState):
         """A variant for a free pool slot: a larger margin before any OOM, the systemic guess after."""
         if self.hypothesis_pending:
             self.hypothesis_pending = False
-            guess = hypothesis_scales(self.state.model(), self.margin)
+            guess = self.state.hypothesis()
             if guess is not None:
                 try:
                     record = await self._candidate(
-                        "speculative: every device as corrected as the worst",
+                        "speculative: every node as corrected as the worst",
                         self.margin,
-                        guess,
+                        self.scale,
                         None,
                         self.default_amp,
+                        guess,
                     )
                 except PlanInfeasibleError:
                     record = None
@@ -179,7 +199,12 @@ class NextAttempt(ProverState):
             margin = self.spec_margins.pop(0)
             try:
                 record = await self._candidate(
-                    f"speculative margin {margin:g}", margin, self.scale, None, self.default_amp
+                    f"speculative margin {margin:g}",
+                    margin,
+                    self.scale,
+                    None,
+                    self.default_amp,
+                    self.state.content(),
                 )
             except PlanInfeasibleError:
                 record = None
@@ -191,16 +216,16 @@ class NextAttempt(ProverState):
         """The corrected model has no split: is that true of every model the compiles allow?
 
         Without any compile the planner's own proof stands. Otherwise plan with the model exactly
-        as measured (``SearchState.estimate``: no margin, no headroom): no split there settles
+        as measured (``SearchState.estimate_content``: no margin, no headroom): no split there settles
         "does not fit"; a split there is compiled, because the verdict would rest on the margin.
         """
         if not self.state.observations:
             self.infeasible = err
             return None
-        estimate = self.state.estimate()
+        estimate, content = self.state.estimate(), self.state.estimate_content()
         try:
             planned = await self._plan(
-                margin=1.0, scale=estimate, orders=None, amp=self.default_amp
+                margin=1.0, scale=estimate, content=content, orders=None, amp=self.default_amp
             )
         except PlanInfeasibleError as settled:
             self.infeasible = settled
@@ -209,7 +234,12 @@ class NextAttempt(ProverState):
             self.infeasible = err
             return None
         return await self._candidate(
-            "verdict check: the model as measured, no margin", 1.0, estimate, None, self.default_amp
+            "verdict check: the model as measured, no margin",
+            1.0,
+            estimate,
+            None,
+            self.default_amp,
+            content,
         )
 
     def _amp_retry(self) -> AttemptRecord | None:
@@ -225,6 +255,23 @@ class NextAttempt(ProverState):
         ]
         if not ooms:
             return None
+        settled = self.infeasible
+        if settled is not None and settled.node is not None:
+            # One node alone overflows under the measured model: a lower proportion helps only
+            # if its temporaries (in its activations) can close that node's own gap.
+            need, share = settled.node_need, settled.node_activation_share
+            lowest_amp = min(self.config.search.amp_fallbacks, default=self.default_amp)
+            reducible = (
+                need * share * (1.0 - lowest_amp / self.default_amp) if self.default_amp else 0.0
+            )
+            if reducible < need - 1.0:
+                if not self.settle_note:
+                    self.settle_note = (
+                        f"; a lower available_memory_proportion was not tried: {settled.node!r} alone "
+                        f"needs {need:.2f}× a device and its activations, where the temporaries it "
+                        f"bounds live, are {share * 100:.0f}% of that"
+                    )
+                return None
         tried_amps = sorted({a.key.amp for _, a in ooms}, reverse=False)
         lowest = tried_amps[0]
         at_lowest = [(o, a) for o, a in ooms if a.key.amp == lowest]
@@ -253,6 +300,7 @@ class NextAttempt(ProverState):
             directory=base.directory.parent / f"attempt-{index}",
             request=base.request,
             measured_times=base.measured_times,
+            contents=base.contents,
         )
 
     def _amp_note(self, observation: Observation) -> str:
@@ -299,7 +347,12 @@ class NextAttempt(ProverState):
             margin, orders = self.perf_variants.pop(0)
             try:
                 record = await self._candidate(
-                    "optimal-perf variant", margin, self.state.scales(), orders, self.default_amp
+                    "optimal-perf variant",
+                    margin,
+                    self.state.scales(),
+                    orders,
+                    self.default_amp,
+                    self.state.content(),
                 )
             except PlanInfeasibleError:
                 continue

@@ -46,7 +46,7 @@ class Prover(NextAttempt, Verdict):
         record.outcome = outcome
         kind = outcome.outcome
         if kind in ("ok", "oom") and (kind == "ok" or outcome.oom is not None):
-            views = stage_views(record.plan, self.target.memory_bytes)
+            views = stage_views(record.plan, self.target.memory_bytes, record.contents)
             new = observe(
                 record.index,
                 views,
@@ -57,7 +57,7 @@ class Prover(NextAttempt, Verdict):
                 device_memory=outcome.device_memory,
                 device_capacity=self.target.memory_bytes,
             )
-            self.state, record.correction = learn(self.state, record.key, new)
+            self.state, record.correction = learn(self.state, record.key, new, views)
         if kind == "ok":
             times = (outcome.details or {}).get("node_times_s")
             if self.calibrate and self.measured_times is None and times:

@@ -31,6 +31,8 @@ from sharderd.errors import (
     WorkerDiedError,
 )
 from sharderd.graph.analyze import Analysis
+from sharderd.plan.content import ContentCorrection
+from sharderd.plan.observations import stage_contents
 from sharderd.report.build import model_facts, plan_section
 from sharderd.target import Target
 
@@ -56,6 +58,8 @@ class PlanRequest:
     link_external: bool = True
     measured_times: Mapping[str, float] | None = None
     """Node name → seconds from a profile: plan on measured time instead of FLOPs."""
+    content: ContentCorrection | None = None
+    """Factors on the bytes of nodes a compile measured (``plan.content``)."""
 
 
 class PlanService:
@@ -98,8 +102,12 @@ class PlanService:
             safety_margin=request.safety_margin,
             orders=request.orders,
             measured_times=request.measured_times,
+            content=request.content,
         )
-        result: dict[str, Any] = {"plan": plan_section(plan, self.plan_config.batch_size)}
+        result: dict[str, Any] = {
+            "plan": plan_section(plan, self.plan_config.batch_size),
+            "contents": stage_contents(plan.assignment, plan.devices),
+        }
         if request.write_dir is not None:
             out = Path(request.write_dir)
             try:
@@ -257,4 +265,5 @@ def plan_request_from(data: Mapping[str, Any]) -> PlanRequest:
     for key in ("memory_scale", "orders"):
         if fields.get(key) is not None:
             fields[key] = tuple(fields[key])
+    fields["content"] = ContentCorrection.from_json(fields.get("content"))
     return PlanRequest(**fields)

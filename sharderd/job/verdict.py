@@ -12,6 +12,9 @@ from sharderd.units import fmt_bytes
 
 __all__ = ["Verdict"]
 
+FEWEST_EXTRA = 8
+"""How many devices beyond the request a "does not fit" looks for a split on."""
+
 
 class Verdict(ProverState):
     async def _result(self) -> ProveResult:
@@ -67,12 +70,25 @@ class Verdict(ProverState):
             "; no split fits the memory model that reproduces every compile, even without a safety margin"
             + short
         )
+        if settled.node is not None:
+            why += (
+                f": node {settled.node!r} alone needs {settled.node_need:.2f}× a device under it, "
+                "so no number of devices helps"
+            )
+            return PlanInfeasibleError(
+                base + where + why + self.settle_note + ".",
+                hint=settled.hint,
+                device=device,
+                short_bytes=settled.short_bytes,
+                min_devices=None,
+            )
         min_devices = await self._fewest_devices()
         more = f" Under that correction {min_devices} devices have a split." if min_devices else ""
         hint = (
             f"rerun with --devices {min_devices}"
             if min_devices
-            else "use more devices or a smaller batch"
+            else f"no split fits that model on up to {self.devices + FEWEST_EXTRA} devices either: "
+            "reduce the batch or the model, or use a target with more memory"
         )
         return PlanInfeasibleError(
             base + where + why + self.settle_note + "." + more,
@@ -82,13 +98,15 @@ class Verdict(ProverState):
             min_devices=min_devices,
         )
 
-    async def _fewest_devices(self, extra: int = 8) -> int | None:
+    async def _fewest_devices(self, extra: int = FEWEST_EXTRA) -> int | None:
         """The fewest devices above the requested count with a split under the measured model."""
-        estimate = self.state.estimate()
+        estimate, content = self.state.estimate(), self.state.estimate_content()
         for devices in range(self.devices + 1, self.devices + extra + 1):
             scale = (*estimate, *(1.0,) * (devices - self.devices))
             try:
-                await self.session.plan(self._request(1.0, scale, None, None, devices))
+                await self.session.plan(
+                    self._request(1.0, scale, None, None, devices, content=content)
+                )
             except PlanInfeasibleError:
                 continue
             return devices

@@ -31,7 +31,7 @@ def node_too_large(
         return None
     node = analysis.flow.node_names[worst]
     learned = f" × correction {typical:.3g}" if typical != 1.0 else ""
-    return PlanInfeasibleError(
+    error = PlanInfeasibleError(
         f"node {node!r} alone needs {fmt_bytes(need)} (its weights, inputs, outputs and code, "
         f"× margin {margin:g}{learned}) but one {target.name} device holds {fmt_bytes(capacity)}: "
         "no number of pipeline stages can fit it",
@@ -40,6 +40,20 @@ def node_too_large(
         short_bytes=int(need - capacity),
         min_devices=None,
     )
+    error.node = node
+    error.node_need = need / capacity
+    error.node_activation_share = _activation_bytes(analysis, worst) / max(
+        float(floor.node_bytes[worst]), 1.0
+    )
+    return error
+
+
+def _activation_bytes(analysis: Analysis, node: int) -> float:
+    """Bytes of a node's activation inputs and outputs (its weights and code aside)."""
+    flow, tb = analysis.flow, analysis.costs.tensor_bytes
+    ins = flow.in_idx[flow.in_ptr[node] : flow.in_ptr[node + 1]]
+    outs = flow.out_idx[flow.out_ptr[node] : flow.out_ptr[node + 1]]
+    return float(tb[ins].sum() + tb[outs].sum())
 
 
 def infeasible_proof(

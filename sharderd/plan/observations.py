@@ -12,9 +12,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from sharderd.plan.oom import OomInfo
 
-__all__ = ["AttemptKey", "Observation", "StageView", "observe", "stage_views"]
+__all__ = [
+    "AttemptKey",
+    "Observation",
+    "Runs",
+    "StageView",
+    "observe",
+    "runs_minus",
+    "runs_size",
+    "runs_within",
+    "stage_contents",
+    "stage_views",
+]
+
+Runs = tuple[tuple[int, int], ...]
+"""A stage's nodes as sorted, disjoint ``[start, stop)`` runs of file indices."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +51,31 @@ class StageView:
     order: str
     start: int
     stop: int
+    runs: Runs = ()
+    """The stage's nodes by file index (empty: only its range in ``order`` is known)."""
+    code_share: float = 0.0
+    """Code / predicted memory: a per-node constant no correction of bytes changes."""
+    scale: float = 1.0
+    """The factor the stage was planned with (corrected / predicted bytes, ``memory_scale``)."""
+
+    def nodes(self) -> Runs:
+        """The stage's nodes by file index; without ``runs`` its range stands for them only in
+        the file order (elsewhere positions are not file indices: no contents known)."""
+        if self.runs:
+            return self.runs
+        return ((self.start, self.stop),) if self.order == "file" else ()
 
     def overlap(self, other: StageView) -> float:
-        """Share of the smaller stage's node range that the other holds too (0 across orders).
+        """Share of the smaller stage's nodes that the other holds too.
 
-        A stage shrunk around the same ops (the usual re-plan after an OOM) overlaps fully; the
-        same device index holding other layers does not.
+        A stage shrunk around the same ops (the usual re-plan after an OOM) overlaps fully, on
+        whichever device it lands; the same device index holding other layers does not. Without
+        node contents on both sides, node ranges compare within one order only (0 across orders).
         """
+        if self.runs and other.runs:
+            inter = _intersection(self.runs, other.runs)
+            smaller = min(_size(self.runs), _size(other.runs))
+            return inter / smaller if smaller > 0 else 0.0
         if self.order != other.order:
             return 0.0
         inter = max(0, min(self.stop, other.stop) - max(self.start, other.start))
@@ -49,19 +83,83 @@ class StageView:
         return inter / smaller if smaller > 0 else 0.0
 
 
-def stage_views(plan: Mapping[str, Any], capacity: int) -> tuple[StageView, ...]:
-    """``StageView`` of every stage of a ``plan_section`` dict."""
+def _size(runs: Runs) -> int:
+    return sum(stop - start for start, stop in runs)
+
+
+def _intersection(a: Runs, b: Runs) -> int:
+    """Nodes in both run lists: one merge pass over two sorted lists."""
+    i = j = total = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def runs_size(runs: Runs) -> int:
+    return _size(runs)
+
+
+def runs_within(inner: Runs, outer: Runs) -> bool:
+    """Every node of ``inner`` is in ``outer``."""
+    return _intersection(inner, outer) == _size(inner)
+
+
+def runs_minus(a: Runs, b: Runs) -> Runs:
+    """The nodes of ``a`` not in ``b``, as runs (one merge pass)."""
+    out: list[tuple[int, int]] = []
+    j = 0
+    for start, stop in a:
+        cur = start
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < stop:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < stop:
+            out.append((cur, stop))
+    return tuple(out)
+
+
+def stage_contents(assignment: np.ndarray, devices: int) -> list[list[list[int]]]:
+    """Each stage's nodes as ``[start, stop)`` runs of file indices, JSON-ready (O(N))."""
+    out: list[list[list[int]]] = [[] for _ in range(devices)]
+    if len(assignment) == 0:
+        return out
+    change = np.flatnonzero(np.diff(assignment)) + 1
+    starts = np.concatenate(([0], change))
+    stops = np.concatenate((change, [len(assignment)]))
+    for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
+        out[int(assignment[start])].append([start, stop])
+    return out
+
+
+def stage_views(
+    plan: Mapping[str, Any], capacity: int, contents: Sequence[Sequence[Sequence[int]]] = ()
+) -> tuple[StageView, ...]:
+    """``StageView`` of every stage of a ``plan_section`` dict (``contents``: ``stage_contents``)."""
     views = []
-    for stage in plan["stages"]:
+    scales = plan.get("memory_scale") or ()
+    for k, stage in enumerate(plan["stages"]):
         memory = max(int(stage["memory_bytes"]), 1)
         views.append(
             StageView(
                 device=int(stage["index"]),
                 predicted=memory / capacity,
                 activation_share=min(1.0, int(stage["activation_bytes"]) / memory),
+                code_share=min(1.0, int(stage.get("code_bytes", 0)) / memory),
+                scale=float(scales[k]) if k < len(scales) else 1.0,
                 order=str(plan.get("order", "")),
                 start=int(stage["start"]),
                 stop=int(stage["stop"]),
+                runs=tuple((int(a), int(b)) for a, b in contents[k]) if k < len(contents) else (),
             )
         )
     return tuple(views)

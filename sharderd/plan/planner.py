@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -14,6 +15,7 @@ from sharderd.graph.analyze import Analysis
 from sharderd.plan.beyond_orders import DP_GAIN, improve
 from sharderd.plan.bounds import lower_bound_all_splits
 from sharderd.plan.build import build_plan, costed_split
+from sharderd.plan.content import ContentCorrection, corrected_analysis
 from sharderd.plan.ideals import solve_ideals
 from sharderd.plan.infeasible import infeasible_exact, infeasible_proof
 from sharderd.plan.order import candidate_orders
@@ -49,8 +51,12 @@ def plan_stages(
     memory_scale: Sequence[float] | None = None,
     orders: Sequence[str] | None = None,
     measured_s: np.ndarray | None = None,
+    content: ContentCorrection | None = None,
 ) -> Plan:
     """Split into exactly ``devices`` pipeline stages, minimising the slowest stage.
+
+    ``content`` (factors on the bytes of nodes a compile measured, ``plan.content``) plans on the
+    corrected sizes and is a learned correction like ``memory_scale``.
 
     Stage s must satisfy ``memory × safety_margin × memory_scale[s] <= target.memory_bytes``.
     ``measured_s[node]`` (seconds, NaN where unknown) replaces the FLOP model's compute time
@@ -61,6 +67,17 @@ def plan_stages(
     compile to decide. With learned corrections it raises (saying the search was not exhaustive),
     so the compile search's own least-overfull retry decides.
     """
+    if content is not None and not content.identity:
+        return _plan_corrected(
+            analysis,
+            target,
+            devices,
+            safety_margin=safety_margin,
+            memory_scale=memory_scale,
+            orders=orders,
+            measured_s=measured_s,
+            content=content,
+        )
     n = analysis.flow.num_nodes
     if devices < 1:
         raise ConfigError(f"--devices must be >= 1, got {devices}")
@@ -234,6 +251,77 @@ def plan_stages(
             if meets
             else f"exact on each candidate order ({', '.join(tried)}); {searched}"
         ),
+    )
+
+
+def _plan_corrected(
+    analysis: Analysis,
+    target: Target,
+    devices: int,
+    *,
+    safety_margin: float,
+    memory_scale: Sequence[float] | None,
+    orders: Sequence[str] | None,
+    measured_s: np.ndarray | None,
+    content: ContentCorrection,
+) -> Plan:
+    """Plan on the corrected sizes, then cost the chosen split on the original model.
+
+    The corrected analysis grows cut tensors too, so its times are not the model's: the split is
+    kept and re-costed (times, bytes), and each stage's memory scale becomes the effective one
+    (corrected / original bytes × the device's own scale), so ``budget_bytes`` still reads against
+    the original bytes."""
+    scale = np.ones(devices) if memory_scale is None else np.asarray(memory_scale, dtype=np.float64)
+    corrected = corrected_analysis(analysis, content, target.memory_bytes)
+    note = f" (with memory corrections learned from compiles: {content.describe()})"
+    try:
+        searched = plan_stages(
+            corrected,
+            target,
+            devices,
+            safety_margin=safety_margin,
+            memory_scale=scale,
+            orders=orders,
+            measured_s=measured_s,
+        )
+    except PlanInfeasibleError as err:
+        err.message += note
+        raise
+    compute_s = calibrated_compute_s(analysis, target, measured_s)
+    oc = ordered_costs(analysis, target, searched.order, compute_s)
+    bounds = searched.bounds
+    pairs = list(itertools.pairwise(bounds))
+    original = np.array([max(sum(oc.stage_memory(a, b)), 1) for a, b in pairs], dtype=np.float64)
+    grown = np.array([stage.memory_bytes for stage in searched.stages], dtype=np.float64)
+    effective = scale * np.maximum(grown / original, 1e-6)
+    partition = Partition(
+        bounds=bounds,
+        bottleneck_s=max(oc.stage_time(a, b) for a, b in pairs),
+        probes=searched.probes,
+    )
+    caps = target.memory_bytes / (safety_margin * effective)
+    bound = lower_bound_all_splits(analysis, target, compute_s, devices)
+    overhead = target.op_overhead_s if measured_s is None else 0.0
+    plan = build_plan(
+        analysis,
+        oc,
+        searched.order_name,
+        partition,
+        target,
+        caps,
+        safety_margin,
+        effective,
+        bound=bound,
+        overhead_per_node=overhead,
+    )
+    return replace(
+        plan,
+        orders_tried=searched.orders_tried,
+        timings_s=searched.timings_s,
+        method=searched.method,
+        proven_optimal=False,
+        claim=f"{searched.claim}; searched on the sizes corrected by compiles ({content.describe()}), "
+        "cut traffic costed at those sizes while searching",
     )
 
 

@@ -2,21 +2,21 @@
 
 A plan is a prediction; a compile is a measurement of one device's worst tile (an OOM names one
 tile) or a success. The search keeps every measurement as an ``Observation`` and derives the
-memory model from all of them each time (never by multiplying the last correction), so a scale
-can come down as well as up and one device's evidence never leaks into another's unless several
-devices showed the same ratio:
+memory model from all of them each time (``memory_model.content_model``; never by multiplying
+the last correction), so a factor can come down as well as up:
 
-- a device with its own out-of-memory reports gets ``real ≈ r·predicted``, ``r`` the largest
-  ratio it showed; an affine ``a·p + b`` (a fixed cost that moves with an op, not with bytes) only
-  from two points whose stage contents mostly overlap and whose spread is above noise;
-- a success with measured headroom lowers that device's ratio (only the plan that fitted counts);
-- several devices with the same ratio (within ``SYSTEMIC_AGREEMENT``) make one systemic factor,
-  bounded by the smallest of them and by ``SYSTEMIC_CAP``, given once to the devices without
-  evidence of their own;
-- "does not fit" is only said when the model *as measured* (``estimate_scales``: every OOM it
-  comes from reproduced, no margin, no headroom) has no split either, and when the AMP-dependent
-  share of the overflowing device cannot close its gap (``amp_retry``); a split it still allows
-  is compiled first.
+- what a compile measured attaches to the nodes its device held, not to the device index: an
+  overflowed stage's nodes carry the factor that reproduces its measurement wherever a re-plan
+  puts them (code, a per-node constant, excepted), so the overflowing layers cannot simply move
+  to a device without evidence and be compiled again;
+- a success with measured headroom sets its nodes' factor from that measurement;
+- overflows of different contents with the same factor (within ``SYSTEMIC_AGREEMENT``) make one
+  systemic factor for the nodes no compile measured, bounded by the smaller and by
+  ``SYSTEMIC_CAP``, given once;
+- "does not fit" is only said when the model *as measured* (``SearchState.estimate_content``:
+  every OOM it comes from reproduced, no margin, no headroom, the noise in the model's favour)
+  has no split either, and when the AMP-dependent share of the overflowing device cannot close
+  its gap (``amp_retry``); a split it still allows is compiled first.
 
 Attempts are keyed by (plan digest, available_memory_proportion): no split is compiled twice
 with the same options.
@@ -27,19 +27,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from sharderd.plan.content import ContentCorrection
 from sharderd.plan.memory_model import (
     FIT_MIN_MEASURED_SPREAD,
     HEADROOM,
     SYSTEMIC_AGREEMENT,
     SYSTEMIC_CAP,
     UNKNOWN_OVER,
-    DeviceModel,
-    MemoryModel,
-    corrected_scales,
-    estimate_scales,
-    fit_model,
-    hypothesis_scales,
-    inconsistencies,
+    content_model,
+    hypothesis,
+    stage_factor,
+    systemic_ratio,
 )
 from sharderd.plan.observations import AttemptKey, Observation, StageView, observe, stage_views
 
@@ -49,18 +47,12 @@ __all__ = [
     "SYSTEMIC_AGREEMENT",
     "SYSTEMIC_CAP",
     "AttemptKey",
+    "ContentCorrection",
     "Correction",
-    "DeviceModel",
-    "MemoryModel",
     "Observation",
     "SearchState",
     "StageView",
     "amp_retry",
-    "corrected_scales",
-    "estimate_scales",
-    "fit_model",
-    "hypothesis_scales",
-    "inconsistencies",
     "learn",
     "observe",
     "stage_views",
@@ -95,7 +87,9 @@ class Correction:
     predicted_fraction: float | None
     """The plan's predicted memory / device capacity for that device."""
     before: tuple[float, ...]
+    """The factor each stage of the plan was planned with (corrected / predicted bytes)."""
     after: tuple[float, ...]
+    """The same with the overflowed stage's nodes at the factor this outcome taught."""
     reason: str = field(default="")
 
 
@@ -111,20 +105,31 @@ class SearchState:
     escalation: tuple[float, ...] = ()
     """Extra factor per device after a re-plan reproduced a tried split (1.0 each by default)."""
 
-    def model(self, amp: float | None = None) -> MemoryModel:
-        return fit_model(
-            self.observations, self.devices, amp=self.default_amp if amp is None else amp
-        )
+    def content(self, amp: float | None = None) -> ContentCorrection:
+        """The per-node correction to plan with (measurements aimed ``HEADROOM`` above)."""
+        return content_model(self.observations, amp=self.default_amp if amp is None else amp)
+
+    def estimate_content(self) -> ContentCorrection:
+        """The correction as measured, for the verdict: no headroom, noise in the model's favour."""
+        return content_model(self.observations, amp=self.default_amp, estimate=True)
+
+    def hypothesis(self) -> ContentCorrection | None:
+        return hypothesis(self.observations, amp=self.default_amp)
+
+    def blind(self) -> int:
+        """Out-of-memory reports at the default AMP that named no device."""
+        return sum(1 for o in self.observations if o.stage is None and o.amp == self.default_amp)
 
     def scales(self, margin: float | None = None) -> tuple[float, ...]:
-        base = corrected_scales(self.model(), self.margin if margin is None else margin)
+        """Per-device factors on top of the content correction: ``UNKNOWN_OVER`` for every OOM
+        that named no device, and any escalation. (``margin`` is the planner's; kept for callers.)"""
+        del margin
         extra = self.escalation or (1.0,) * self.devices
-        return tuple(s * e for s, e in zip(base, extra, strict=True))
+        blind = UNKNOWN_OVER ** self.blind()
+        return tuple(blind * e for e in extra)
 
     def estimate(self) -> tuple[float, ...]:
-        """``estimate_scales`` of the current model (with any escalation), for margin 1."""
-        extra = self.escalation or (1.0,) * self.devices
-        return tuple(s * e for s, e in zip(estimate_scales(self.model()), extra, strict=True))
+        return self.scales()
 
     def escalate(self, device: int | None, factor: float = 1.1) -> SearchState:
         extra = list(self.escalation or (1.0,) * self.devices)
@@ -137,16 +142,30 @@ class SearchState:
         ooms = [o for o in self.observations if not o.fits]
         return ooms[-1].device if ooms else None
 
+    def describe(self, amp: float | None = None) -> str:
+        amp = self.default_amp if amp is None else amp
+        parts = [f"node factors {self.content(amp).describe()}"]
+        systemic = systemic_ratio(self.observations, amp=amp)
+        if systemic is not None:
+            parts.append(f"systemic factor {systemic:.3g} from overflows of different contents")
+        if self.blind():
+            parts.append(
+                f"{self.blind()} numberless OOM(s): ×{UNKNOWN_OVER ** self.blind():.3g} everywhere"
+            )
+        return "; ".join(parts)
+
 
 def learn(
-    state: SearchState, key: AttemptKey, new: Sequence[Observation]
+    state: SearchState,
+    key: AttemptKey,
+    new: Sequence[Observation],
+    stages: Sequence[StageView] = (),
 ) -> tuple[SearchState, Correction | None]:
     """The state after one finished compile, and the correction to report for it.
 
     An OOM at a lower ``available_memory_proportion`` is an OOM at the default too (the option
     only lowers memory): that split is not compiled at the default. (Its bytes stay evidence at
     their own AMP only: the default's model is fitted from the default's measurements.)"""
-    before = state.scales()
     tried = state.tried | {key}
     if any(not o.fits and o.amp < state.default_amp for o in new):
         tried |= {AttemptKey(key.digest, state.default_amp)}
@@ -155,15 +174,28 @@ def learn(
     if not ooms:
         return after_state, None
     o = ooms[0]
-    after = after_state.scales()
-    model = after_state.model(o.amp)
+    before = tuple(v.scale for v in stages) or (1.0,) * state.devices
+    after = list(before)
     if o.stage is None:
-        reason = f"OOM without a device: {model.describe()}"
+        reason = f"OOM without a device: {after_state.describe(o.amp)}"
+        after = [b * UNKNOWN_OVER for b in after]
     else:
         shown = (
             f"{o.measured:.3f}× capacity" if o.measured is not None else "over capacity (no number)"
         )
-        reason = f"device {o.stage.device}: worst tile {shown} vs {o.stage.predicted:.3f} predicted; {model.describe()}"
+        factor = stage_factor(o, (o.measured or UNKNOWN_OVER) * HEADROOM)
+        if o.stage.device < len(after):
+            after[o.stage.device] = max(after[o.stage.device], factor)
+        reason = (
+            f"device {o.stage.device}: worst tile {shown} vs {o.stage.predicted:.3f} predicted; "
+            f"its {sum(b - a for a, b in o.stage.nodes())} node(s) ×{factor:.3g} wherever they go; "
+            f"{after_state.describe(o.amp)}"
+        )
     return after_state, Correction(
-        o.device, o.measured, None if o.stage is None else o.stage.predicted, before, after, reason
+        o.device,
+        o.measured,
+        None if o.stage is None else o.stage.predicted,
+        before,
+        tuple(after),
+        reason,
     )

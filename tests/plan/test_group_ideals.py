@@ -5,11 +5,8 @@ however a split is read."""
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import replace
-from functools import cache
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,10 +15,10 @@ from dag_cases import TARGET, branchy_dags, dag_settings, evaluate, loaded, vali
 from hypothesis import event, given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
+from real_exports import export_analysis
 
 from sharderd.config import PlanConfig
 from sharderd.graph.analyze import Analysis, analyze
-from sharderd.graph.load import load_model
 from sharderd.plan import group_ideals
 from sharderd.plan.contract import Groups, contract
 from sharderd.plan.group_ideals import solve_groups
@@ -31,18 +28,6 @@ from sharderd.plan.ordered_costs import calibrated_compute_s, ordered_costs
 from sharderd.plan.planner import plan_stages
 from sharderd.plan.problem import Problem
 from sharderd.plan.stage_memory import StageMemory
-
-MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
-MANIFEST = json.loads((MODELS / "manifest.json").read_text())
-
-
-@cache
-def _export(name: str) -> Analysis:
-    entry = MANIFEST[name]
-    shapes = {k: tuple(v) for k, v in entry["ort_input_shapes"].items()}
-    return analyze(
-        load_model(MODELS / entry["path"]), PlanConfig(input_shapes=shapes, name_nodes=True)
-    )
 
 
 def _problem(analysis: Analysis, target, caps) -> Problem:
@@ -146,7 +131,7 @@ def test_strategy_draws_contractible_graphs() -> None:
 def test_stage_memory_is_the_canonical_orders(name: str) -> None:
     """For random valid splits of real exports, the O(N + E) stage memory equals the memory the
     plan reports (``OrderedCosts`` on the split's canonical order), byte for byte."""
-    analysis = _export(name)
+    analysis = export_analysis(name)
     flow, n = analysis.flow, analysis.flow.num_nodes
     ref = next(iter(candidate_orders(flow).values()))
     memory = StageMemory.build(analysis, TARGET, ref)
@@ -174,7 +159,7 @@ def test_stage_memory_is_the_canonical_orders(name: str) -> None:
 def test_contraction_makes_real_exports_solvable(name: str) -> None:
     """Exporter bookkeeping multiplies the ideals past any limit; after contraction the DP runs,
     the group graph is acyclic and only bookkeeping or constant-only nodes share a group."""
-    analysis = _export(name)
+    analysis = export_analysis(name)
     assert group_ideals.enumerate_ideals(contract(analysis, enabled=False)) is None
     groups = contract(analysis)
     ideals = group_ideals.enumerate_ideals(groups)

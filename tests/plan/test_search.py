@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from sharderd.plan.content import node_factors
 from sharderd.plan.memory_model import (
+    FIT_MIN_MEASURED_SPREAD,
+    HEADROOM,
     HOPELESS,
-    estimate_scales,
-    fit_model,
+    SYSTEMIC_CAP,
+    content_model,
+    hypothesis,
+    stage_factor,
+    systemic_ratio,
 )
 from sharderd.plan.observations import (
     AttemptKey,
@@ -21,60 +29,120 @@ from sharderd.plan.search import (
 )
 
 TILE = 638_976
+N = 700
 
 
 def stage(
-    device: int, predicted: float, start: int = 0, stop: int = 100, act: float = 0.1
+    device: int,
+    predicted: float,
+    start: int = 0,
+    stop: int = 100,
+    act: float = 0.1,
+    code: float = 0.0,
 ) -> StageView:
-    return StageView(device, predicted, act, "file", start, stop)
+    return StageView(
+        device, predicted, act, "levels", start, stop, runs=((start, stop),), code_share=code
+    )
 
 
 def oom(attempt: int, st: StageView, measured: float, amp: float = 0.6) -> Observation:
     return Observation(attempt, st, False, measured, amp)
 
 
-def test_one_device_evidence_stays_on_that_device() -> None:
-    """The issue's sequence: device 0's scale does not grow when other devices run out of memory."""
-    obs = [oom(0, stage(0, 0.6), 0.6 * 1.657)]
-    first = fit_model(obs, 7, amp=0.6).scales(1.15)[0]
-    obs += [oom(1, stage(3, 0.6, 300, 400), 0.6 * 2.1), oom(2, stage(5, 0.6, 500, 600), 0.6 * 1.3)]
-    model = fit_model(obs, 7, amp=0.6)
-    assert model.scales(1.15)[0] == first
-    assert model.systemic is None  # 2.1 and 1.3 are not the same ratio
-    assert model.scales(1.15)[1] == 1.0
+def factors(obs: list[Observation], *, estimate: bool = False) -> np.ndarray:
+    return node_factors(content_model(obs, amp=0.6, estimate=estimate), N)
 
 
-def test_same_ratio_on_several_devices_is_one_bounded_systemic_factor() -> None:
+def test_evidence_follows_the_nodes_not_the_device_index() -> None:
+    """The issue's sequence: device 0's observation (ratio 1.657) stays on the nodes it held; other
+    devices running out of memory with other ratios neither raise it nor reach other nodes."""
+    first = factors([oom(0, stage(0, 0.6), 0.6 * 1.657)])
+    assert np.allclose(first[:100], 1.657 * HEADROOM) and (first[100:] == 1.0).all()
+    obs = [
+        oom(0, stage(0, 0.6), 0.6 * 1.657),
+        oom(1, stage(3, 0.6, 300, 400), 0.6 * 2.1),
+        oom(2, stage(5, 0.6, 500, 600), 0.6 * 1.3),
+    ]
+    later = factors(obs)
+    assert np.allclose(later[:100], first[:100])
+    assert systemic_ratio(obs, amp=0.6) is None  # 1.657, 2.1 and 1.3 are not one ratio
+    assert (later[100:300] == 1.0).all() and (later[600:] == 1.0).all()
+    moved = factors([oom(0, stage(4, 0.6), 0.6 * 1.657)])  # the same layers on device 4
+    assert np.array_equal(moved, first)
+
+
+def test_same_factor_on_different_contents_is_one_bounded_systemic_factor() -> None:
     obs = [oom(0, stage(0, 0.6), 0.6 * 1.40), oom(1, stage(2, 0.6, 200, 300), 0.6 * 1.50)]
-    model = fit_model(obs, 4, amp=0.6)
-    assert model.systemic == 1.40
-    again = fit_model([*obs, oom(2, stage(0, 0.5, 0, 80), 0.5 * 1.40)], 4, amp=0.6)
-    assert again.scales(1.15)[1] == model.scales(1.15)[1]  # applied once, not compounded
+    assert abs((systemic_ratio(obs, amp=0.6) or 0) - 1.40) < 1e-9
+    base = content_model(obs, amp=0.6).base
+    again = [*obs, oom(2, stage(0, 0.5, 0, 80), 0.5 * 1.40)]  # a shrunk stage 0: same contents
+    assert content_model(again, amp=0.6).base == base  # applied once, not compounded
+    assert factors(again)[400] == base
+    huge = [oom(0, stage(0, 0.3), 0.3 * 3.0), oom(1, stage(2, 0.3, 200, 300), 0.3 * 3.2)]
+    assert systemic_ratio(huge, amp=0.6) == SYSTEMIC_CAP
 
 
-def test_noise_never_makes_an_affine_fit() -> None:
-    """0.80 → 0.70 with 1.10 → 1.09 and 0.80 → 0.75 with 1.10 → 1.08: the ratio rule, not 1e6 or 4.08."""
+def test_a_shrunk_stage_is_not_a_second_opinion() -> None:
+    """Two overflows of (mostly) the same nodes are one piece of evidence, not a systemic one."""
+    obs = [oom(0, stage(0, 0.8, 0, 80), 1.2), oom(1, stage(1, 0.6, 10, 70), 1.1)]
+    assert systemic_ratio(obs, amp=0.6) is None
+
+
+def test_noise_never_makes_a_hopeless_factor() -> None:
+    """0.80 → 0.70 with 1.10 → 1.09 and 0.80 → 0.75 with 1.10 → 1.08 (the issue's pairs): each
+    stage keeps its own ratio, never 1e6 or 4.08."""
     for (p1, m1), (p2, m2) in (((0.80, 1.10), (0.70, 1.09)), ((0.80, 1.10), (0.75, 1.08))):
         obs = [oom(0, stage(0, p1, 0, 80), m1), oom(1, stage(0, p2, 0, 70), m2)]
-        model = fit_model(obs, 2, amp=0.6)
-        assert model.devices[0].intercept == 0.0
-        assert model.scales(1.15)[0] < 1.7
+        f = factors(obs)
+        assert f.max() < 1.7
+        assert abs(f[75] - m1 / p1 * HEADROOM) < 1e-9  # only the first stage held node 75
 
 
-def test_an_affine_fit_needs_overlapping_stages() -> None:
-    apart = [oom(0, stage(0, 0.8, 0, 80), 1.5), oom(1, stage(0, 0.4, 200, 240), 1.3)]
-    assert fit_model(apart, 2, amp=0.6).devices[0].intercept == 0.0
-    nested = [oom(0, stage(0, 0.8, 0, 80), 1.5), oom(1, stage(0, 0.4, 0, 40), 1.3)]
-    device = fit_model(nested, 2, amp=0.6).devices[0]
-    assert device.intercept > 1.0 and device.scale(1.15) == HOPELESS
-    assert estimate_scales(fit_model(nested, 2, amp=0.6))[0] == HOPELESS
+def test_code_is_not_scaled() -> None:
+    """Half the stage is code (a per-node constant): the factor on the rest reproduces the bytes."""
+    o = oom(0, stage(0, 0.8, code=0.5), 1.2)
+    f = stage_factor(o, 1.2)
+    assert abs(0.4 + 0.4 * f - 1.2) < 1e-12
+    assert stage_factor(oom(0, stage(0, 0.8, code=1.0), 1.2), 1.2) == HOPELESS
 
 
-def test_a_later_fit_with_headroom_brings_the_scale_down() -> None:
-    obs = [oom(0, stage(0, 0.6), 1.2)]
-    high = fit_model(obs, 2, amp=0.6).scales(1.15)[0]
-    obs.append(Observation(1, stage(0, 0.5, 0, 80), True, 0.8, 0.6))
-    assert fit_model(obs, 2, amp=0.6).scales(1.15)[0] < high
+def test_estimate_reproduces_every_oom_beyond_the_noise() -> None:
+    obs = [
+        oom(0, stage(0, 0.7, 0, 100, code=0.2), 1.10),
+        oom(1, stage(1, 0.6, 50, 180, code=0.3), 1.20),
+        oom(2, stage(2, 0.5, 300, 400), 1.02),
+    ]
+    f = factors(obs, estimate=True)
+    for o in obs:
+        assert o.stage is not None and o.measured is not None
+        a, b = o.stage.start, o.stage.stop
+        code = o.stage.predicted * o.stage.code_share
+        corrected = code + (o.stage.predicted - code) * f[a:b].min()
+        assert corrected >= o.measured * (1 - FIT_MIN_MEASURED_SPREAD) - 1e-12
+        if o.measured > 1 / (1 - FIT_MIN_MEASURED_SPREAD):
+            assert corrected > 1.0
+
+
+def test_a_later_fit_with_headroom_brings_its_nodes_down_but_not_an_overflow() -> None:
+    obs = [oom(0, stage(0, 0.6, 0, 100), 1.2)]
+    high = factors(obs)
+    obs.append(Observation(1, stage(0, 0.5, 50, 150), True, 0.6, 0.6))
+    f = factors(obs)
+    assert (f[:100] == high[:100]).all()  # the overflow stays reproduced
+    assert abs(f[120] - 0.6 / 0.5 * HEADROOM) < 1e-9  # measured where no overflow was
+    obs.append(Observation(2, stage(1, 0.8, 200, 300), True, 0.4, 0.6))
+    assert factors(obs)[250] < 1.0  # a fit with room to spare lowers its nodes below the prior
+
+
+def test_hypothesis_gives_the_worst_factor_to_unmeasured_nodes_only_when_it_changes_something() -> (
+    None
+):
+    assert hypothesis([], amp=0.6) is None
+    obs = [oom(0, stage(0, 0.6), 0.6 * 1.5)]
+    guess = hypothesis(obs, amp=0.6)
+    assert guess is not None and abs(guess.base - 1.5 * HEADROOM) < 1e-9
+    systemic = [*obs, oom(1, stage(2, 0.6, 200, 300), 0.6 * 1.5)]
+    assert hypothesis(systemic, amp=0.6) is None  # the systemic factor already covers them
 
 
 def test_amp_retry_only_when_its_share_closes_the_gap() -> None:
@@ -95,8 +163,14 @@ def test_observe_and_learn_keep_every_observation() -> None:
         tile_bytes=TILE,
     )
     assert [o.device for o in new] == [1] and abs((new[0].measured or 0) - 1.2) < 1e-5
-    state = SearchState(2, 1.15, 0.6, observations=new)
-    assert state.scales()[0] == 1.0 and state.scales()[1] > 1.0
+    state, correction = learn(SearchState(2, 1.15, 0.6), AttemptKey("d", 0.6), new, views)
+    assert state.scales() == (1.0, 1.0)  # nothing per device index
+    f = node_factors(state.content(), N)
+    assert (f[:100] == 1.0).all() and (f[100:200] > 2.0).all()
+    assert correction is not None and correction.before == (1.0, 1.0)
+    assert correction.after[0] == 1.0 and correction.after[1] > 2.0
+    blind = observe(1, views, kind="oom", amp=0.6, oom=OomInfo("variables"))
+    assert learn(state, AttemptKey("e", 0.6), blind)[0].scales() == (1.25, 1.25)
 
 
 def test_an_oom_at_a_lower_amp_rules_the_split_out_at_the_default_too() -> None:
@@ -106,6 +180,30 @@ def test_an_oom_at_a_lower_amp_rules_the_split_out_at_the_default_too() -> None:
     low = AttemptKey("abc", 0.3)
     after, _ = learn(state, low, [oom(0, stage(0, 0.8), 1.02, amp=0.3)])
     assert low in after.tried and AttemptKey("abc", 0.6) in after.tried
-    assert after.model().devices[0].source == "prior"  # the default's model is unchanged
+    assert after.content().identity  # the default's model is unchanged
     fitted, _ = learn(state, AttemptKey("abc", 0.6), [oom(0, stage(0, 0.8), 1.02)])
     assert fitted.tried == {AttemptKey("abc", 0.6)}
+
+
+def test_without_contents_only_the_file_order_stands_for_nodes() -> None:
+    plain = StageView(0, 0.6, 0.1, "file", 10, 20)
+    assert plain.nodes() == ((10, 20),)
+    assert StageView(0, 0.6, 0.1, "depth_first", 10, 20).nodes() == ()
+
+
+def test_a_fixed_cost_is_charged_to_the_nodes_that_keep_it() -> None:
+    """A stage shrunk around one op's fixed cost (a Gather's code) still overflows almost as much:
+    the nodes it gave up cost only the difference, and the rest of what the smaller stage measures
+    is a fixed cost that goes with its nodes (one weight they all read), not a rate on its bytes."""
+    outer, inner = oom(0, stage(0, 0.8, 0, 100), 1.5), oom(1, stage(1, 0.4, 0, 50), 1.3)
+    model = content_model([outer, inner], amp=0.6)
+    rate = (1.5 - 1.3) * HEADROOM / 0.4  # 0.525 per predicted byte
+    f = node_factors(model, N)
+    assert abs(f[75] - rate) < 1e-9  # the nodes given up are cheap
+    assert f[25] == 1.0  # the kept ones are not condemned (the prior stands)
+    ((nodes, share),) = model.fixed
+    assert nodes == ((0, 50),) and abs(share - (1.3 * HEADROOM - rate * 0.4)) < 1e-9
+    assert abs(rate * 0.4 + rate * 0.4 + share - 1.5 * HEADROOM) < 1e-9  # outer reproduced
+    assert content_model([inner, outer], amp=0.6) == model  # either order, one model
+    verdict = content_model([outer, inner], amp=0.6, estimate=True)
+    assert verdict.fixed_on_heaviest and not model.fixed_on_heaviest
