@@ -181,12 +181,6 @@ class Observation:
     def device(self) -> int | None:
         return None if self.stage is None else self.stage.device
 
-    @property
-    def ratio(self) -> float | None:
-        if self.stage is None or self.measured is None:
-            return None
-        return self.measured / max(self.stage.predicted, 1e-12)
-
 
 def observe(
     attempt: int,

@@ -120,10 +120,9 @@ class SearchState:
         """Out-of-memory reports at the default AMP that named no device."""
         return sum(1 for o in self.observations if o.stage is None and o.amp == self.default_amp)
 
-    def scales(self, margin: float | None = None) -> tuple[float, ...]:
+    def scales(self) -> tuple[float, ...]:
         """Per-device factors on top of the content correction: ``UNKNOWN_OVER`` for every OOM
-        that named no device, and any escalation. (``margin`` is the planner's; kept for callers.)"""
-        del margin
+        that named no device, and any escalation (the margin is the planner's)."""
         extra = self.escalation or (1.0,) * self.devices
         blind = UNKNOWN_OVER ** self.blind()
         return tuple(blind * e for e in extra)
