@@ -20,6 +20,7 @@ from sharderd.plan.search import (
     AttemptKey,
     ContentCorrection,
     Observation,
+    amp_closing,
     amp_retry,
 )
 
@@ -222,7 +223,7 @@ class NextAttempt(ProverState):
         if not self.state.observations:
             self.infeasible = err
             return None
-        estimate, content = self.state.estimate(), self.state.estimate_content()
+        estimate, content = self.state.scales(), self.state.estimate_content()
         try:
             planned = await self._plan(
                 margin=1.0, scale=estimate, content=content, orders=None, amp=self.default_amp
@@ -260,11 +261,8 @@ class NextAttempt(ProverState):
             # One node alone overflows under the measured model: a lower proportion helps only
             # if its temporaries (in its activations) can close that node's own gap.
             need, share = settled.node_need, settled.node_activation_share
-            lowest_amp = min(self.config.search.amp_fallbacks, default=self.default_amp)
-            reducible = (
-                need * share * (1.0 - lowest_amp / self.default_amp) if self.default_amp else 0.0
-            )
-            if reducible < need - 1.0:
+            fallbacks = self.config.search.amp_fallbacks
+            if amp_closing(need, share, self.default_amp, fallbacks) is None:
                 if not self.settle_note:
                     self.settle_note = (
                         f"; a lower available_memory_proportion was not tried: {settled.node!r} alone "

@@ -70,26 +70,23 @@ class Verdict(ProverState):
             "; no split fits the memory model that reproduces every compile, even without a safety margin"
             + short
         )
-        if settled.node is not None:
+        if settled.node is not None:  # no number of devices helps: do not look for one
             why += (
                 f": node {settled.node!r} alone needs {settled.node_need:.2f}× a device under it, "
                 "so no number of devices helps"
             )
-            return PlanInfeasibleError(
-                base + where + why + self.settle_note + ".",
-                hint=settled.hint,
-                device=device,
-                short_bytes=settled.short_bytes,
-                min_devices=None,
+            min_devices, more, hint = None, "", settled.hint
+        else:
+            min_devices = await self._fewest_devices()
+            more = (
+                f" Under that correction {min_devices} devices have a split." if min_devices else ""
             )
-        min_devices = await self._fewest_devices()
-        more = f" Under that correction {min_devices} devices have a split." if min_devices else ""
-        hint = (
-            f"rerun with --devices {min_devices}"
-            if min_devices
-            else f"no split fits that model on up to {self.devices + FEWEST_EXTRA} devices either: "
-            "reduce the batch or the model, or use a target with more memory"
-        )
+            hint = (
+                f"rerun with --devices {min_devices}"
+                if min_devices
+                else f"no split fits that model on up to {self.devices + FEWEST_EXTRA} devices either: "
+                "reduce the batch or the model, or use a target with more memory"
+            )
         return PlanInfeasibleError(
             base + where + why + self.settle_note + "." + more,
             hint=hint,
@@ -100,7 +97,7 @@ class Verdict(ProverState):
 
     async def _fewest_devices(self, extra: int = FEWEST_EXTRA) -> int | None:
         """The fewest devices above the requested count with a split under the measured model."""
-        estimate, content = self.state.estimate(), self.state.estimate_content()
+        estimate, content = self.state.scales(), self.state.estimate_content()
         for devices in range(self.devices + 1, self.devices + extra + 1):
             scale = (*estimate, *(1.0,) * (devices - self.devices))
             try:

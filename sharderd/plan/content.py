@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from sharderd.graph.analyze import Analysis
-from sharderd.plan.observations import Runs
+from sharderd.plan.observations import Runs, runs_size
 
 __all__ = ["ContentCorrection", "corrected_analysis", "node_factors"]
 
@@ -50,7 +50,7 @@ class ContentCorrection:
     def describe(self) -> str:
         if self.identity:
             return "none"
-        nodes = sum(stop - start for runs, _ in self.patches for start, stop in runs)
+        nodes = sum(runs_size(runs) for runs, _ in self.patches)
         parts = []
         if self.patches:
             low = min(f for _, f in self.patches)
@@ -59,7 +59,7 @@ class ContentCorrection:
         if self.measured:
             parts.append(f"{len(self.measured)} set(s) of nodes measured directly")
         for runs, share in self.fixed:
-            count = sum(stop - start for start, stop in runs)
+            count = runs_size(runs)
             which = "the heaviest" if self.fixed_on_heaviest else "any"
             parts.append(f"a fixed {share:.3g} of a device with {which} of {count} node(s)")
         if self.base != 1.0:
@@ -137,12 +137,13 @@ def corrected_analysis(
         first = len(weight_bytes)
         weight_bytes = np.concatenate([weight_bytes, extra.astype(weight_bytes.dtype)])
         nodes, ids = [of_node], [nw_idx]
+        heavy = _node_bytes(analysis) if correction.fixed_on_heaviest else None
         for k, (runs, _) in enumerate(correction.fixed):
             held = np.concatenate(
                 [np.arange(a, min(b, flow.num_nodes)) for a, b in runs] or [np.zeros(0, int)]
             )
-            if correction.fixed_on_heaviest and len(held):
-                held = held[np.argmax(_node_bytes(analysis)[held])][None]
+            if heavy is not None and len(held):
+                held = held[np.argmax(heavy[held])][None]
             nodes.append(held)
             ids.append(np.full(len(held), first + k, dtype=nw_idx.dtype))
         node_of = np.concatenate(nodes)

@@ -56,8 +56,7 @@ def stage_factor(o: Observation, measured: float) -> float:
     applies to the rest: ``code + factor × rest = measured``.
     """
     assert o.stage is not None
-    code = o.stage.predicted * o.stage.code_share
-    rest = o.stage.predicted - code
+    code, rest = o.stage.code, o.stage.rest
     if rest <= 1e-12:
         return HOPELESS if measured > code else 1.0
     return max((measured - code) / rest, 1e-6)
@@ -158,9 +157,7 @@ def _fixed_cost(inner: Observation, factor: float, aim: Callable[[float], float]
     """The inner of two nested overflows: the nodes between them cost ``factor`` per byte; what
     the inner stage measures beyond that rate is a fixed cost that goes with its nodes."""
     assert inner.stage is not None
-    code = inner.stage.predicted * inner.stage.code_share
-    rest = inner.stage.predicted - code
-    fixed = aim(_measured(inner)) - code - factor * rest
+    fixed = aim(_measured(inner)) - inner.stage.code - factor * inner.stage.rest
     if fixed <= FIT_MIN_MEASURED_SPREAD:
         return _Overflow(inner, stage_factor(inner, aim(_measured(inner))), 0.0)
     return _Overflow(inner, factor, fixed)
@@ -192,11 +189,8 @@ def _nested(
         return None
     if abs(outer.measured - inner.measured) < FIT_MIN_MEASURED_SPREAD:
         return None
-    code = (
-        outer.stage.predicted * outer.stage.code_share
-        - inner.stage.predicted * inner.stage.code_share
-    )
-    rest = dp - code
+    code = outer.stage.code - inner.stage.code
+    rest = outer.stage.rest - inner.stage.rest
     dm = aim(outer.measured) - aim(inner.measured) - code
     if rest <= 1e-12 or dm <= 0:
         return None

@@ -58,6 +58,16 @@ class StageView:
     scale: float = 1.0
     """The factor the stage was planned with (corrected / predicted bytes, ``memory_scale``)."""
 
+    @property
+    def code(self) -> float:
+        """Code / device capacity: the part of ``predicted`` no correction of bytes scales."""
+        return self.predicted * self.code_share
+
+    @property
+    def rest(self) -> float:
+        """Everything else in ``predicted``: the bytes a node factor scales."""
+        return self.predicted - self.code
+
     def nodes(self) -> Runs:
         """The stage's nodes by file index; without ``runs`` its range stands for them only in
         the file order (elsewhere positions are not file indices: no contents known)."""

@@ -39,7 +39,14 @@ from sharderd.plan.memory_model import (
     stage_factor,
     systemic_ratio,
 )
-from sharderd.plan.observations import AttemptKey, Observation, StageView, observe, stage_views
+from sharderd.plan.observations import (
+    AttemptKey,
+    Observation,
+    StageView,
+    observe,
+    runs_size,
+    stage_views,
+)
 
 __all__ = [
     "FIT_MIN_MEASURED_SPREAD",
@@ -52,6 +59,7 @@ __all__ = [
     "Observation",
     "SearchState",
     "StageView",
+    "amp_closing",
     "amp_retry",
     "learn",
     "observe",
@@ -69,10 +77,16 @@ def amp_retry(overfull: Observation, amp: float, fallbacks: Sequence[float]) -> 
     if overfull.stage is None:
         return min(fallbacks) if fallbacks else None
     measured = overfull.measured if overfull.measured is not None else UNKNOWN_OVER
-    gap = measured - 1.0
+    return amp_closing(measured, overfull.stage.activation_share, amp, fallbacks)
+
+
+def amp_closing(
+    measured: float, activation_share: float, amp: float, fallbacks: Sequence[float]
+) -> float | None:
+    """The highest fallback below ``amp`` at which temporaries living in ``activation_share`` of
+    a need of ``measured`` × capacity shrink enough to fit (to ``a / amp`` of what they were)."""
     for candidate in sorted((a for a in fallbacks if a < amp), reverse=True):
-        reducible = measured * overfull.stage.activation_share * (1.0 - candidate / amp)
-        if reducible >= gap:
+        if measured * activation_share * (1.0 - candidate / amp) >= measured - 1.0:
             return candidate
     return None
 
@@ -126,9 +140,6 @@ class SearchState:
         extra = self.escalation or (1.0,) * self.devices
         blind = UNKNOWN_OVER ** self.blind()
         return tuple(blind * e for e in extra)
-
-    def estimate(self) -> tuple[float, ...]:
-        return self.scales()
 
     def escalate(self, device: int | None, factor: float = 1.1) -> SearchState:
         extra = list(self.escalation or (1.0,) * self.devices)
@@ -187,7 +198,7 @@ def learn(
             after[o.stage.device] = max(after[o.stage.device], factor)
         reason = (
             f"device {o.stage.device}: worst tile {shown} vs {o.stage.predicted:.3f} predicted; "
-            f"its {sum(b - a for a, b in o.stage.nodes())} node(s) ×{factor:.3g} wherever they go; "
+            f"its {runs_size(o.stage.nodes())} node(s) ×{factor:.3g} wherever they go; "
             f"{after_state.describe(o.amp)}"
         )
     return after_state, Correction(
