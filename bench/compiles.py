@@ -341,9 +341,17 @@ def _compile_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _count(log: list[dict[str, Any]]) -> tuple[int, int]:
-    """(compiles up to and including the first ok, or all; of those at a lowered AMP)."""
-    first_ok = next((i for i, r in enumerate(log) if r["result"] == "ok"), None)
+def _count(log: list[dict[str, Any]], devices: int) -> tuple[int, int]:
+    """(compiles up to and including the first ok of the whole model, or all; of those at a
+    lowered AMP). A probe (one node on one IPU) counts as a compile, its success is no result."""
+    first_ok = next(
+        (
+            i
+            for i, r in enumerate(log)
+            if r["result"] == "ok" and r["options"]["num_ipus"] == devices
+        ),
+        None,
+    )
     counted = log if first_ok is None else log[: first_ok + 1]
     lowered = sum(1 for r in counted if r["options"]["available_memory_proportion"] < DEFAULT_AMP)
     return len(counted), lowered
@@ -394,7 +402,7 @@ def run_sharderd(
         check=False,
     )
     wall = time.perf_counter() - began
-    compiles, lowered = _count(_compile_log(log))
+    compiles, lowered = _count(_compile_log(log), devices)
     report_path = out / "report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     cancelled = sum(1 for a in report.get("attempts", []) if a["outcome"] == "cancelled")
@@ -471,7 +479,7 @@ def run_seed(
         check=False,
     )
     wall = time.perf_counter() - began
-    compiles, lowered = _count(_compile_log(log))
+    compiles, lowered = _count(_compile_log(log), devices)
     command = _shell(argv, truth)
     if proc.returncode not in (0, 3):
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
@@ -823,7 +831,8 @@ def section(
         "",
         '"truth says" comes from neither tool: *fits* = a greedy split checked with the fake\'s own memory '
         "function exists; *cannot fit* = proven by weights and code alone; *unknown* = neither. Compiles "
-        "count finished compile calls up to the first success (AMP retries included and marked; sharderd runs "
+        "count finished compile calls up to the first success of the whole model (AMP retries included and "
+        "marked; sharderd's probe, one node compiled alone on one IPU, counts as one; sharderd runs "
         "two at a time by default, so which attempt lands first can move its count by one between runs, and "
         "its cancelled speculative attempts are shown separately; the seed runs one at a time here). slowest/bound = the slowest "
         "stage's predicted time over sharderd's lower bound for N devices (the seed's split costed with "

@@ -100,7 +100,7 @@ class SearchConfig:
     amp_fallbacks: tuple[float, ...] = (0.3, 0.1)
     """``available_memory_proportion`` values retried when every plan is out of memory."""
     speculative_margins: tuple[float, ...] = (1.3,)
-    """Extra safety margins compiled in parallel with the plan when pool slots are free."""
+    """Extra safety margins compiled in parallel with the plan when pool slots are free (after the probe, when there is one)."""
 
     def __post_init__(self) -> None:
         _check(self.max_attempts >= 1, "search.max_attempts", "must be >= 1")

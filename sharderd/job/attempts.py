@@ -28,8 +28,9 @@ class AttemptRecord:
     plan: dict[str, Any]
     files: dict[str, Any]
     directory: Path
-    request: PlanRequest
-    """What planned it: the written result re-plans from exactly this (only the folder differs)."""
+    request: PlanRequest | None
+    """What planned it: the written result re-plans from exactly this (only the folder differs).
+    None for a probe, which is not a plan of the model."""
     outcome: AttemptOutcome | None = None
     correction: Correction | None = None
     measured_times: Mapping[str, float] | None = None
@@ -39,6 +40,9 @@ class AttemptRecord:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     cancelled_because: str | None = None
     """Why the attempt was stopped before it finished (a better plan compiled, the job stopped)."""
+    probe: str | None = None
+    """Set for a probe, saying what was compiled alone on one device ("node 'x'", "stage 3 of
+    attempt 0"): evidence about memory, never a result."""
 
     @property
     def predicted_s(self) -> float:

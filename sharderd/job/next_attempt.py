@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from sharderd.errors import (
@@ -14,9 +16,10 @@ from sharderd.errors import (
 )
 from sharderd.job.attempts import AttemptRecord
 from sharderd.job.prover_state import MAX_ESCALATIONS, PERF_BAND, ProverState
-from sharderd.job.session import PlanRequest
+from sharderd.job.session import PlanRequest, ProbeRequest
 from sharderd.plan.choose import Compiled, best_compiled
 from sharderd.plan.search import (
+    HEADROOM,
     AttemptKey,
     ContentCorrection,
     Observation,
@@ -143,6 +146,10 @@ class NextAttempt(ProverState):
             if record is not None:
                 return record
         if self.need_base and self.infeasible is None:
+            if self.attempts and self.running:
+                # A running compile's outcome may change the re-plan: wait for it (an OOM there
+                # is evidence the re-plan should have; a fit ends the search without it).
+                return None
             self.need_base = False
             label = "plan" if not self.attempts else "re-plan after OOM"
             try:
@@ -178,7 +185,11 @@ class NextAttempt(ProverState):
         return None
 
     async def _speculative(self) -> AttemptRecord | None:
-        """A variant for a free pool slot: a larger margin before any OOM, the systemic guess after."""
+        """A variant for a free pool slot: a probe of the node most at risk alone; a larger margin
+        before any OOM, the systemic guess after."""
+        probe = await self._probe()
+        if probe is not None:
+            return probe
         if self.hypothesis_pending:
             self.hypothesis_pending = False
             guess = self.state.hypothesis()
@@ -213,6 +224,61 @@ class NextAttempt(ProverState):
                 return record
         return None
 
+    def _may_probe(self) -> bool:
+        """One probe per job, PopRT only, beside the first plan (before any outcome)."""
+        return (
+            self.backend == "poprt"
+            and not self.state.observations
+            and not self._any_ok()
+            and not any(a.probe is not None for a in self.attempts)
+        )
+
+    async def _probe(self) -> AttemptRecord | None:
+        """The node needing most of a device alone, compiled alone (``plan.probe``)."""
+        if not self._may_probe():
+            return None
+        index = len(self.attempts)
+        result = await self.session.probe(
+            ProbeRequest(write_path=str(self._fresh(index) / f"{self.stem}.probe.onnx"))
+        )
+        found = result["probe"]
+        if found is None:
+            return None
+        self.emit("probe.planned", {"node": found["name"], "need": round(found["need"], 4)})
+        return self._probe_record(
+            index, f"node {found['name']!r}", result["plan"], result["files"], result["contents"]
+        )
+
+    def _fresh(self, index: int) -> Path:
+        """The attempt's folder, emptied: a probe writes its model there before it starts."""
+        directory = self.workdir / f"attempt-{index}"
+        if directory.exists():
+            shutil.rmtree(directory)
+        return directory
+
+    def _probe_record(
+        self,
+        index: int,
+        what: str,
+        plan: dict[str, Any],
+        files: dict[str, Any],
+        contents: Sequence[Sequence[Sequence[int]]],
+    ) -> AttemptRecord:
+        return AttemptRecord(
+            index=index,
+            label=f"probe: {what} alone on one device",
+            key=AttemptKey(plan["digest"], self.default_amp),
+            margin=1.0,
+            scale=tuple(plan["memory_scale"]),
+            orders=None,
+            plan=plan,
+            files=files,
+            directory=self.workdir / f"attempt-{index}",
+            request=None,
+            contents=contents,
+            probe=what,
+        )
+
     async def _verdict_check(self, err: PlanInfeasibleError) -> AttemptRecord | None:
         """The corrected model has no split: is that true of every model the compiles allow?
 
@@ -234,10 +300,20 @@ class NextAttempt(ProverState):
         if planned is None:  # its split was compiled already and ran out of memory
             self.infeasible = err
             return None
+        # Among the splits the measured model allows, prefer one with room on the device that
+        # overflowed last: the compiler names the lowest failing device, so a split that only
+        # just fits there would likely name it again and teach nothing of the others.
+        roomy = self.state.escalate(self.state.last_oom_device(), HEADROOM).scales()
+        try:
+            spaced = await self._plan(
+                margin=1.0, scale=roomy, content=content, orders=None, amp=self.default_amp
+            )
+        except PlanInfeasibleError:
+            spaced = None
         return await self._candidate(
             "verdict check: the model as measured, no margin",
             1.0,
-            estimate,
+            roomy if spaced is not None else estimate,
             None,
             self.default_amp,
             content,
@@ -250,6 +326,7 @@ class NextAttempt(ProverState):
             for a in self.attempts
             for o in self.state.observations
             if o.attempt == a.index
+            and a.probe is None  # a lower proportion is retried on a plan of the model
             and not o.fits
             and a.outcome is not None
             and a.outcome.outcome == "oom"
@@ -362,11 +439,16 @@ class NextAttempt(ProverState):
         return None
 
     def _any_ok(self) -> bool:
-        return any(a.outcome is not None and a.outcome.outcome == "ok" for a in self.attempts)
+        return any(
+            a.probe is None and a.outcome is not None and a.outcome.outcome == "ok"
+            for a in self.attempts
+        )
 
     def _best_ok(self) -> AttemptRecord | None:
         oks = {
-            a.index: a for a in self.attempts if a.outcome is not None and a.outcome.outcome == "ok"
+            a.index: a
+            for a in self.attempts
+            if a.probe is None and a.outcome is not None and a.outcome.outcome == "ok"
         }
         choice = best_compiled(
             [Compiled(a.index, a.predicted_s, a.throughput) for a in oks.values()],

@@ -1,7 +1,7 @@
 """``python -m sharderd.job.planworker``: a PlanService behind JSON lines on stdin/stdout.
 
-The first line configures it (model, plan config, target); each later line is ``summary`` or
-``plan``. Every answer is one line ``{"ok": true, "result": ...}`` or ``{"ok": false, "error":
+The first line configures it (model, plan config, target); each later line is ``summary``,
+``plan`` or ``probe``. Every answer is one line ``{"ok": true, "result": ...}`` or ``{"ok": false, "error":
 ...}``. Expected failures are answers; anything else is a crash the parent reports.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from sharderd.config import PlanConfig, load_table
 from sharderd.errors import SharderdError
-from sharderd.job.session import PlanService, plan_request_from
+from sharderd.job.session import PlanService, plan_request_from, probe_request_from
 from sharderd.target import Target
 
 
@@ -37,6 +37,8 @@ def main() -> int:
                 result = service.summary()
             elif message["op"] == "plan":
                 result = service.plan(plan_request_from(message))
+            elif message["op"] == "probe":
+                result = service.probe(probe_request_from(message))
             else:
                 raise SharderdError(f"unknown plan worker op {message.get('op')!r}")
         except SharderdError as err:

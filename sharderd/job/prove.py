@@ -58,6 +58,12 @@ class Prover(NextAttempt, Verdict):
                 device_capacity=self.target.memory_bytes,
             )
             self.state, record.correction = learn(self.state, record.key, new, views)
+        if record.probe is not None:
+            # A probe teaches memory only: it is never a result, and a probe PopRT rejects
+            # (an op that will not compile alone) says nothing about the plan.
+            if kind == "oom" and outcome.oom is not None and self.infeasible is None:
+                self.need_base = True
+            return
         if kind == "ok":
             times = (outcome.details or {}).get("node_times_s")
             if self.calibrate and self.measured_times is None and times:
@@ -103,7 +109,7 @@ class Prover(NextAttempt, Verdict):
                 record.directory
                 / f"{self.stem}.{'popef' if self.backend == 'poprt' else 'artifact'}"
             ),
-            num_devices=self.devices,
+            num_devices=1 if record.probe is not None else self.devices,
             options=attempt_options(
                 self.backend,
                 self.config,
@@ -115,12 +121,12 @@ class Prover(NextAttempt, Verdict):
                 input_shapes=self.input_shapes,
             ),
             tiles_per_device=self.target.tiles,
-            benchmark=self.optimal_perf or self.backend == "onnxruntime",
+            benchmark=record.probe is None and (self.optimal_perf or self.backend == "onnxruntime"),
             warmup=self.config.poprt.benchmark_warmup,
             runs=self.config.poprt.benchmark_runs,
             batch_size=self.config.plan.batch_size,
             precision=self.precision,
-            input_shapes=self.input_shapes,
+            input_shapes=None if record.probe is not None else self.input_shapes,
         )
         record.directory.mkdir(parents=True, exist_ok=True)
         async with send:

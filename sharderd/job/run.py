@@ -221,6 +221,7 @@ async def shard_job(
 async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult) -> dict[str, Any]:
     """Write the compiled plan's files for keeps (external data copied, not linked)."""
     chosen = proven.chosen
+    assert chosen.request is not None, "a probe is never the chosen attempt"
     final = await session.plan(
         replace(chosen.request, write_dir=str(spec.out_dir), stem=spec.stem, link_external=False)
     )

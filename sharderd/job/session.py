@@ -41,6 +41,7 @@ __all__ = [
     "PlanRequest",
     "PlanService",
     "PlanSession",
+    "ProbeRequest",
     "WorkerSession",
     "error_from_dict",
 ]
@@ -60,6 +61,13 @@ class PlanRequest:
     """Node name → seconds from a profile: plan on measured time instead of FLOPs."""
     content: ContentCorrection | None = None
     """Factors on the bytes of nodes a compile measured (``plan.content``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRequest:
+    """Pick the node to compile alone and write it to ``write_path``."""
+
+    write_path: str
 
 
 class PlanService:
@@ -127,10 +135,35 @@ class PlanService:
             }
         return result
 
+    def probe(self, request: ProbeRequest) -> dict[str, Any]:
+        """``{"probe": None}`` when no node is worth compiling alone, else the probe's one-stage
+        plan, its node as ``contents`` and the written model under ``files``."""
+        from sharderd.plan.probe import probe_target
+        from sharderd.shard.node_model import write_node_model
+
+        found = probe_target(self.analysis, self.target)
+        if found is None:
+            return {"probe": None}
+        path = Path(request.write_path)
+        try:
+            write_node_model(self.analysis, found.node, path)
+        except OSError as exc:
+            raise OutputWriteError(
+                f"cannot write the probe model to {path}: {exc.strerror or exc}",
+                hint="free space or fix permissions on the output folder, then retry the job",
+            ) from None
+        return {
+            "probe": {"node": found.node, "name": found.name, "need": found.predicted},
+            "plan": found.plan_dict(self.target.memory_bytes),
+            "contents": found.contents(),
+            "files": {"model": str(path)},
+        }
+
 
 class PlanSession(Protocol):
     async def summary(self) -> dict[str, Any]: ...
     async def plan(self, request: PlanRequest) -> dict[str, Any]: ...
+    async def probe(self, request: ProbeRequest) -> dict[str, Any]: ...
     async def aclose(self) -> None: ...
 
 
@@ -146,6 +179,10 @@ class LocalSession:
     async def plan(self, request: PlanRequest) -> dict[str, Any]:
         await anyio.lowlevel.checkpoint()
         return self.service.plan(request)
+
+    async def probe(self, request: ProbeRequest) -> dict[str, Any]:
+        await anyio.lowlevel.checkpoint()
+        return self.service.probe(request)
 
     async def aclose(self) -> None:
         return None
@@ -250,6 +287,9 @@ class WorkerSession:
     async def plan(self, request: PlanRequest) -> dict[str, Any]:
         return await self._call({"op": "plan", **asdict(request)})
 
+    async def probe(self, request: ProbeRequest) -> dict[str, Any]:
+        return await self._call({"op": "probe", **asdict(request)})
+
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             if self._process.returncode is None:
@@ -267,3 +307,7 @@ def plan_request_from(data: Mapping[str, Any]) -> PlanRequest:
             fields[key] = tuple(fields[key])
     fields["content"] = ContentCorrection.from_json(fields.get("content"))
     return PlanRequest(**fields)
+
+
+def probe_request_from(data: Mapping[str, Any]) -> ProbeRequest:
+    return ProbeRequest(write_path=str(data["write_path"]))

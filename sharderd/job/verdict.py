@@ -58,6 +58,8 @@ class Verdict(ProverState):
             over = f" (worst tile {fmt_bytes(oom.bytes_used)} of {fmt_bytes(oom.tile_bytes or self.target.bytes_per_tile)})"
         base = f"the model does not fit on {self.devices} × {self.target.name}: {len(ooms)} compile(s) ran out of memory"
         where = f", last on device {device}{over}" if device is not None else ""
+        if worst.probe is not None:
+            where = f", last {worst.probe} compiled alone on one device{over}"
         settled = self.infeasible
         short = ""
         if (
@@ -71,9 +73,15 @@ class Verdict(ProverState):
             + short
         )
         if settled.node is not None:  # no number of devices helps: do not look for one
+            probed = next((a for a in ooms if a.probe == f"node {settled.node!r}"), None)
+            alone = (
+                f" (compiled alone on one device in attempt {probed.index}, it ran out of memory)"
+                if probed is not None and probed is not worst
+                else ""
+            )
             why += (
-                f": node {settled.node!r} alone needs {settled.node_need:.2f}× a device under it, "
-                "so no number of devices helps"
+                f": node {settled.node!r} alone needs {settled.node_need:.2f}× a device under it"
+                f"{alone}, so no number of devices helps"
             )
             min_devices, more, hint = None, "", settled.hint
         else:

@@ -16,7 +16,7 @@ from sharderd.plan.ideals import solve_ideals
 from sharderd.target import Target
 from sharderd.units import fmt_bytes
 
-__all__ = ["infeasible_exact", "infeasible_proof", "node_too_large"]
+__all__ = ["activation_bytes", "infeasible_exact", "infeasible_proof", "node_too_large"]
 
 
 def node_too_large(
@@ -42,13 +42,13 @@ def node_too_large(
     )
     error.node = node
     error.node_need = need / capacity
-    error.node_activation_share = _activation_bytes(analysis, worst) / max(
+    error.node_activation_share = activation_bytes(analysis, worst) / max(
         float(floor.node_bytes[worst]), 1.0
     )
     return error
 
 
-def _activation_bytes(analysis: Analysis, node: int) -> float:
+def activation_bytes(analysis: Analysis, node: int) -> float:
     """Bytes of a node's activation inputs and outputs (its weights and code aside)."""
     flow, tb = analysis.flow, analysis.costs.tensor_bytes
     ins = flow.in_idx[flow.in_ptr[node] : flow.in_ptr[node + 1]]

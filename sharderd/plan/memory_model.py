@@ -20,6 +20,7 @@ __all__ = [
     "FIT_MIN_PREDICTED_SPREAD",
     "HEADROOM",
     "HOPELESS",
+    "OOM_FLOOR",
     "SYSTEMIC_AGREEMENT",
     "SYSTEMIC_CAP",
     "UNKNOWN_OVER",
@@ -45,6 +46,8 @@ the model's favour."""
 FIT_MIN_PREDICTED_SPREAD = 0.1
 """Two nested stages whose predictions differ by less than this share of the larger say nothing
 about the nodes between them."""
+OOM_FLOOR = 1.001
+"""What the verdict's model keeps an overflow at, however close to capacity it was measured."""
 HOPELESS = 1e6
 """A factor so large nothing fits: the stage's code alone overflowed."""
 
@@ -104,8 +107,9 @@ def content_model(
     """The per-node correction the observations at ``amp`` imply.
 
     For planning, each measurement aims ``HEADROOM`` above itself. With ``estimate`` (what a
-    verdict may rest on) it is taken as measured with the noise in the model's favour: every OOM
-    beyond the noise is still predicted to overflow, and nothing more is assumed.
+    verdict may rest on) it is taken as measured with the noise in the model's favour, except
+    that an overflow stays one (``OOM_FLOOR``): the very stage that ran out of memory is never
+    predicted to fit, so it is not compiled again; a stage that holds fewer of its nodes may be.
     """
     at = _at(observations, amp)
 
@@ -130,6 +134,12 @@ def content_model(
         else:
             chains.append(_Overflow(o, stage_factor(o, aim(_measured(o))), 0.0))
     patches = tuple((c.nodes, c.factor) for c in chains)
+    if estimate:  # an overflow given the noise still overflows, by the least amount
+        patches += tuple(
+            (o.stage.nodes(), stage_factor(o, OOM_FLOOR))
+            for o in at
+            if o.stage is not None and not o.fits and aim(_measured(o)) < OOM_FLOOR
+        )
     fixed = tuple((c.nodes, c.fixed) for c in chains if c.fixed > 0)
     systemic = systemic_ratio(observations, amp=amp)
     base = 1.0

@@ -34,6 +34,7 @@ __all__ = [
     "infer_value_infos",
     "split_stages",
     "stage_of_nodes",
+    "standalone_model",
     "strip_annotations",
     "write_stages",
 ]
@@ -118,13 +119,14 @@ def split_stages(model: onnx.ModelProto, base_dir: Path) -> list[StageModel]:
                 name = flow.tensor_names[t]
                 if last_reader[t] > s or name in outputs:
                     outs.append(name)
-        stage_model = _stage_model(
+        stage_model = standalone_model(
             model,
-            s,
             [nodes[n] for n in node_ids],
             sorted(weights),
             [_typed(types, name, s, "input") for name in ins],
             [_typed(types, name, s, "output") for name in outs],
+            doc=f"pipeline stage {s} of {graph.name or 'the model'}",
+            name=f"{graph.name or 'graph'}_stage{s}",
         )
         stages.append(StageModel(s, stage_model, tuple(ins), tuple(outs), Path(base_dir)))
     return stages
@@ -222,15 +224,18 @@ def external_locations(model: onnx.ModelProto) -> list[str]:
     return list(found)
 
 
-def _stage_model(
+def standalone_model(
     model: onnx.ModelProto,
-    s: int,
     nodes: list[onnx.NodeProto],
     weights: list[int],
     inputs: list[onnx.ValueInfoProto],
     outputs: list[onnx.ValueInfoProto],
+    *,
+    doc: str,
+    name: str,
 ) -> onnx.ModelProto:
-    """``weights`` index the model's initializers, then its sparse initializers (Dataflow's order)."""
+    """Some of ``model``'s nodes as a model of their own, annotations stripped. ``weights`` index
+    the model's initializers, then its sparse initializers (Dataflow's order)."""
     src = model.graph
     stage = _header_copy(model)
     stage.producer_name = model.producer_name
@@ -238,9 +243,9 @@ def _stage_model(
     stage.domain = model.domain
     stage.model_version = model.model_version
     stage.metadata_props.extend(model.metadata_props)
-    stage.doc_string = f"pipeline stage {s} of {src.name or 'the model'}"
+    stage.doc_string = doc
     graph = stage.graph
-    graph.name = f"{src.name or 'graph'}_stage{s}"
+    graph.name = name
     graph.node.extend(nodes)
     strip_annotations(graph)
     graph.input.extend(inputs)

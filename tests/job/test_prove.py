@@ -282,3 +282,79 @@ def test_optimal_perf_benchmarks_and_keeps_the_fastest(
     best = max(ok, key=lambda a: a["benchmark"]["throughput_per_s"])
     assert data["plan"]["digest"] == best["plan_digest"]
     assert data["benchmark"]["throughput_per_s"] == best["benchmark"]["throughput_per_s"]
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bench/compiles.py's CNN: one late conv needs 62% of a 24-tile device by the model."""
+    path = tmp_path_factory.mktemp("prove-cnn") / "cnn.onnx"
+    return examples.save(examples.cnn(blocks=8, channels=64), path)
+
+
+def test_a_node_too_large_alone_is_proven_by_compiling_it_alone(
+    cnn: Path, config: Path, tmp_path: Path
+) -> None:
+    """Weights ×1.3 put the conv over a device by itself; the first plan's OOM is elsewhere. The
+    probe beside it compiles the conv alone on one IPU, and its overflow settles "no number of
+    devices helps" in two compiles, with no AMP retry (the conv is weights, not temporaries)."""
+    out = tmp_path / "out"
+    proc, compiles = shard(cnn, config, out, 8, truth={"weight_factor": 1.3})
+    assert proc.returncode == 3, proc.stderr
+    assert len(compiles) == 2
+    assert sorted(c["options"]["num_ipus"] for c in compiles) == [1, 8]
+    assert "'/block5/conv2/Conv' compiled alone on one device" in proc.stderr
+    assert "no number of devices helps" in proc.stderr and "--devices" not in proc.stderr
+    probe = next(a for a in report(out)["attempts"] if a["label"].startswith("probe"))
+    assert probe["outcome"] == "oom" and probe["predicted_stage_times_s"] == [0.0]
+
+
+def test_a_probe_that_fits_is_evidence_never_the_result(
+    cnn: Path, config: Path, tmp_path: Path
+) -> None:
+    """Under the default truth the conv fits alone: the probe compiles, and the job's result is
+    the 9-device plan (its model annotated for 9 IPUs), not the one-node probe."""
+    out = tmp_path / "out"
+    proc, compiles = shard(cnn, config, out, 9)
+    assert proc.returncode == 0, proc.stderr
+    data = report(out)
+    probes = [a for a in data["attempts"] if a["label"].startswith("probe")]
+    assert len(probes) == 1 and probes[0]["outcome"] in ("ok", "cancelled")
+    assert not data["attempts"][data["chosen_attempt"]]["label"].startswith("probe")
+    assert len(compiles) <= 2 and any(c["options"]["num_ipus"] == 9 for c in compiles)
+    assert data["plan"]["devices"] == 9
+
+
+def test_a_re_plan_waits_for_the_compile_still_running(tmp_path: Path, config: Path) -> None:
+    """The bench's 8-layer transformer under weights ×1.3 on 5 devices: the plan and the
+    speculative margin both overflow. The re-plan starts only after both finished, so it is
+    planned with both overflows."""
+    model = examples.save(examples.transformer(layers=8, hidden=256), tmp_path / "transformer.onnx")
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_POPRT")}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(FAKE), str(REPO)]),
+        FAKE_POPRT_TILES=str(TILES),
+        FAKE_POPRT_TRUTH=json.dumps({"weight_factor": 1.3}),
+    )
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "sharderd.cli", "shard", str(model), "--devices", "5"),
+            *("--backend", "poprt", "--config", str(config), "--out", str(out)),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    events = [
+        line.split()[:2]
+        for line in proc.stderr.splitlines()
+        if line.startswith(("[attempt.started]", "[attempt.finished]"))
+    ]
+    assert events[:2] == [["[attempt.started]", "attempt=0"], ["[attempt.started]", "attempt=1"]]
+    attempts = report(out)["attempts"]
+    assert attempts[1]["label"].startswith("speculative") and attempts[1]["outcome"] == "oom"
+    later = events.index(["[attempt.started]", "attempt=2"])
+    finished = {e[1] for e in events[:later] if e[0] == "[attempt.finished]"}
+    assert finished == {"attempt=0", "attempt=1"}

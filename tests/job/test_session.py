@@ -8,12 +8,20 @@ from dataclasses import replace
 from pathlib import Path
 
 import anyio
+import onnx
 import pytest
 
 from sharderd import examples
 from sharderd.config import PlanConfig
 from sharderd.errors import ModelInvalidError, PlanInfeasibleError, WorkerDiedError
-from sharderd.job.session import LocalSession, PlanRequest, PlanService, WorkerSession
+from sharderd.job.session import (
+    LocalSession,
+    PlanRequest,
+    PlanService,
+    ProbeRequest,
+    WorkerSession,
+)
+from sharderd.plan.bounds import memory_floor
 from sharderd.target import BUILTIN_TARGETS
 
 TARGET = BUILTIN_TARGETS["ipu-mk2"]
@@ -89,3 +97,26 @@ async def test_a_dead_worker_is_an_error_not_a_hang(model: Path, tmp_path: Path)
     assert (
         not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
     )
+
+
+@pytest.mark.anyio
+async def test_worker_and_local_sessions_write_the_same_probe(model: Path, tmp_path: Path) -> None:
+    """On a target where one node needs most of a device, both sessions pick it and write it
+    alone; on the real target no node is worth a probe."""
+    local = PlanService(model, PlanConfig(), TARGET)
+    assert local.probe(ProbeRequest(str(tmp_path / "none.onnx")))["probe"] is None
+    heaviest = float(memory_floor(local.analysis, TARGET).node_bytes.max())
+    small = replace(TARGET, memory_bytes=int(heaviest / 0.8))
+    worker = await WorkerSession.start(model, PlanConfig(), small, stderr_path=tmp_path / "err")
+    try:
+        remote = await worker.probe(ProbeRequest(str(tmp_path / "w" / "probe.onnx")))
+    finally:
+        await worker.aclose()
+    mine = await LocalSession(PlanService(model, PlanConfig(), small)).probe(
+        ProbeRequest(str(tmp_path / "l" / "probe.onnx"))
+    )
+    assert remote["probe"] == mine["probe"] and remote["probe"]["need"] == pytest.approx(0.8)
+    assert remote["plan"]["digest"] == f"probe:{remote['probe']['name']}"
+    for result in (remote, mine):
+        written = onnx.load(result["files"]["model"])
+        assert [n.name for n in written.graph.node][-1] == result["probe"]["name"]

@@ -9,6 +9,7 @@ from sharderd.plan.memory_model import (
     FIT_MIN_MEASURED_SPREAD,
     HEADROOM,
     HOPELESS,
+    OOM_FLOOR,
     SYSTEMIC_CAP,
     content_model,
     hypothesis,
@@ -106,7 +107,11 @@ def test_code_is_not_scaled() -> None:
     assert stage_factor(oom(0, stage(0, 0.8, code=1.0), 1.2), 1.2) == HOPELESS
 
 
-def test_estimate_reproduces_every_oom_beyond_the_noise() -> None:
+def test_estimate_reproduces_every_oom_even_within_the_noise() -> None:
+    """Every overflowing stage stays over capacity in the verdict's model, so the very stage that
+    ran out of memory is not predicted to fit and compiled again; the noise is given only to
+    stages holding fewer of its nodes (here one 2% over: the stage itself stays over, 95% of it
+    may fit)."""
     obs = [
         oom(0, stage(0, 0.7, 0, 100, code=0.2), 1.10),
         oom(1, stage(1, 0.6, 50, 180, code=0.3), 1.20),
@@ -119,8 +124,11 @@ def test_estimate_reproduces_every_oom_beyond_the_noise() -> None:
         code = o.stage.predicted * o.stage.code_share
         corrected = code + (o.stage.predicted - code) * f[a:b].min()
         assert corrected >= o.measured * (1 - FIT_MIN_MEASURED_SPREAD) - 1e-12
-        if o.measured > 1 / (1 - FIT_MIN_MEASURED_SPREAD):
-            assert corrected > 1.0
+        assert corrected >= OOM_FLOOR - 1e-12
+    near = obs[2].stage
+    assert near is not None
+    smaller = near.predicted * 0.95 * f[near.start : near.stop].min()
+    assert smaller < 1.0
 
 
 def test_a_later_fit_with_headroom_brings_its_nodes_down_but_not_an_overflow() -> None:

@@ -1,0 +1,87 @@
+"""Which node to compile alone on one device: the one whose fit decides "any number of devices".
+
+A whole-model compile names one overflowing device, the lowest-numbered; a node that is too large
+on its own is only seen once a plan puts it on the first device to fail, and until then a
+"no number of devices helps" would be a guess from other nodes' factors. Compiled alone (its
+inputs fed from the host, its weights on the device), the node's own worst tile is a measurement:
+an overflow settles the verdict for every split, a fit says the node fits alone. The probe is
+cheap (one op) and runs in a free pool slot beside the first plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sharderd.graph.analyze import Analysis
+from sharderd.plan.bounds import memory_floor
+from sharderd.plan.infeasible import activation_bytes
+from sharderd.plan.memory_model import SYSTEMIC_CAP
+from sharderd.target import Target
+
+__all__ = ["PROBE_MIN_NEED", "ProbeTarget", "probe_target"]
+
+PROBE_MIN_NEED = 1.0 / SYSTEMIC_CAP
+"""Probe a node only when the model says it needs at least this share of a device alone: below
+it, not even a systemic factor at its cap would make it overflow alone."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeTarget:
+    node: int
+    """File index of the node."""
+    name: str
+    predicted: float
+    """Its weights, inputs, outputs and code / device capacity, uncorrected."""
+    activation_share: float
+    code_share: float
+
+    def plan_dict(self, capacity: int) -> dict[str, object]:
+        """The probe as a one-stage ``plan_section``, so its outcome is read like any plan's."""
+        memory = max(round(self.predicted * capacity), 1)
+        return {
+            "digest": f"probe:{self.name}",
+            "devices": 1,
+            "order": "file",
+            "bottleneck_s": 0.0,
+            "ratio_to_bound": None,
+            "memory_scale": [1.0],
+            "stages": [
+                {
+                    "index": 0,
+                    "start": self.node,
+                    "stop": self.node + 1,
+                    "memory_bytes": memory,
+                    "activation_bytes": round(memory * self.activation_share),
+                    "code_bytes": round(memory * self.code_share),
+                    "time_s": 0.0,
+                }
+            ],
+        }
+
+    def contents(self) -> list[list[list[int]]]:
+        return [[[self.node, self.node + 1]]]
+
+
+def probe_target(analysis: Analysis, target: Target) -> ProbeTarget | None:
+    """The node needing the largest share of a device alone, if it needs at least
+    ``PROBE_MIN_NEED``.
+
+    From the model as planned, before any compile: later, the corrections spread one stage's
+    measured factor over all its nodes, which says nothing about which of them is the heavy one.
+    """
+    capacity = target.memory_bytes
+    floor = memory_floor(analysis, target).node_bytes
+    need = floor / capacity
+    node = int(np.argmax(need)) if len(need) else -1
+    if node < 0 or not need[node] >= PROBE_MIN_NEED:
+        return None
+    raw = float(floor[node])
+    return ProbeTarget(
+        node=node,
+        name=analysis.flow.node_names[node],
+        predicted=raw / capacity,
+        activation_share=min(1.0, activation_bytes(analysis, node) / max(raw, 1.0)),
+        code_share=min(1.0, target.code_bytes_per_node / max(raw, 1.0)),
+    )

@@ -1,0 +1,49 @@
+"""Which node a probe compiles alone, on real exports: the heaviest by the model, only when a
+plausible factor could make it overflow a device on its own."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+from real_exports import export_analysis
+
+from sharderd.plan.bounds import memory_floor
+from sharderd.plan.observations import stage_views
+from sharderd.plan.probe import PROBE_MIN_NEED, probe_target
+from sharderd.target import BUILTIN_TARGETS, Target
+
+TARGET = BUILTIN_TARGETS["ipu-mk2"]
+NAMES = ["tiny_gpt2", "tiny_bert", "tiny_efficientnet", "tiny_unet"]
+
+
+def _holding(floor: float, share: float) -> Target:
+    """A target on which a node of ``floor`` bytes needs ``share`` of a device."""
+    return Target(**{**asdict(TARGET), "memory_bytes": int(floor / share)})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_heaviest_node_is_probed_when_a_factor_could_sink_it(name: str) -> None:
+    analysis = export_analysis(name)
+    floor = memory_floor(analysis, TARGET).node_bytes
+    heaviest = int(np.argmax(floor))
+    target = _holding(float(floor[heaviest]), 0.7)
+    found = probe_target(analysis, target)
+    assert found is not None and found.node == heaviest
+    assert found.name == analysis.flow.node_names[heaviest]
+    assert found.predicted == pytest.approx(0.7, rel=1e-6)
+    assert 0.0 <= found.activation_share <= 1.0 and 0.0 < found.code_share <= 1.0
+    # Read back as a plan, it is one stage holding that node at the same share of a device.
+    (view,) = stage_views(
+        found.plan_dict(target.memory_bytes), target.memory_bytes, found.contents()
+    )
+    assert view.nodes() == ((heaviest, heaviest + 1),)
+    assert view.predicted == pytest.approx(found.predicted, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_probe_when_even_the_cap_cannot_sink_a_node(name: str) -> None:
+    analysis = export_analysis(name)
+    floor = float(memory_floor(analysis, TARGET).node_bytes.max())
+    assert probe_target(analysis, _holding(floor, PROBE_MIN_NEED * 0.9)) is None
