@@ -336,7 +336,10 @@ def test_sigterm_kills_attempts_exits_0_and_resumes_after_restart(root: Path) ->
             drop(root / "models" / f"{name}.onnx", root / "inbox")
         daemon.wait_for("attempt.started", count=2)
         status = daemon.wait_status(
-            root / "run", lambda s: s["pool"]["busy"] == 2, "both compiles in the pool"
+            root / "run",
+            lambda s: s["pool"]["busy"] == 2,
+            "both compiles in the pool",
+            timeout=25.0,  # under CI load the second subprocess can take seconds to start; each compile lasts 30 s
         )
         assert status["pid"] == daemon.pid and status["state"] == "ready"
         assert status["queue"]["running"] == 2 and status["pool"]["busy"] == 2
