@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import shutil
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -96,9 +95,7 @@ class NextAttempt(ProverState):
             return None
         _, used_scale = planned
         index = len(self.attempts)
-        directory = self.workdir / f"attempt-{index}"
-        if directory.exists():
-            shutil.rmtree(directory)
+        directory = self._fresh(index)
         request = self._request(margin, used_scale, orders, str(directory), content=content)
         result = await self.session.plan(request)
         record = AttemptRecord(
@@ -245,25 +242,8 @@ class NextAttempt(ProverState):
         if found is None:
             return None
         self.emit("probe.planned", {"node": found["name"], "need": round(found["need"], 4)})
-        return self._probe_record(
-            index, f"node {found['name']!r}", result["plan"], result["files"], result["contents"]
-        )
-
-    def _fresh(self, index: int) -> Path:
-        """The attempt's folder, emptied: a probe writes its model there before it starts."""
-        directory = self.workdir / f"attempt-{index}"
-        if directory.exists():
-            shutil.rmtree(directory)
-        return directory
-
-    def _probe_record(
-        self,
-        index: int,
-        what: str,
-        plan: dict[str, Any],
-        files: dict[str, Any],
-        contents: Sequence[Sequence[Sequence[int]]],
-    ) -> AttemptRecord:
+        plan = result["plan"]
+        what = f"node {found['name']!r}"
         return AttemptRecord(
             index=index,
             label=f"probe: {what} alone on one device",
@@ -272,12 +252,19 @@ class NextAttempt(ProverState):
             scale=tuple(plan["memory_scale"]),
             orders=None,
             plan=plan,
-            files=files,
+            files=result["files"],
             directory=self.workdir / f"attempt-{index}",
             request=None,
-            contents=contents,
+            contents=result["contents"],
             probe=what,
         )
+
+    def _fresh(self, index: int) -> Path:
+        """The attempt's folder, emptied: a probe writes its model there before it starts."""
+        directory = self.workdir / f"attempt-{index}"
+        if directory.exists():
+            shutil.rmtree(directory)
+        return directory
 
     async def _verdict_check(self, err: PlanInfeasibleError) -> AttemptRecord | None:
         """The corrected model has no split: is that true of every model the compiles allow?
@@ -438,18 +425,19 @@ class NextAttempt(ProverState):
             shutil.rmtree(record.directory, ignore_errors=True)
         return None
 
-    def _any_ok(self) -> bool:
-        return any(
-            a.probe is None and a.outcome is not None and a.outcome.outcome == "ok"
-            for a in self.attempts
-        )
-
-    def _best_ok(self) -> AttemptRecord | None:
-        oks = {
-            a.index: a
+    def _compiled_plans(self) -> list[AttemptRecord]:
+        """Attempts whose plan compiled (a probe's success is no plan)."""
+        return [
+            a
             for a in self.attempts
             if a.probe is None and a.outcome is not None and a.outcome.outcome == "ok"
-        }
+        ]
+
+    def _any_ok(self) -> bool:
+        return bool(self._compiled_plans())
+
+    def _best_ok(self) -> AttemptRecord | None:
+        oks = {a.index: a for a in self._compiled_plans()}
         choice = best_compiled(
             [Compiled(a.index, a.predicted_s, a.throughput) for a in oks.values()],
             by_measurement=self.optimal_perf or self.measured_times is not None,
