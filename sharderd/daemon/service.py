@@ -195,9 +195,10 @@ class _Daemon:
         )
         await intake.start(canceller.run)
         self.board.set_state("ready")
-        self.notifier.ready(self.board.status_line())
         pending, running = self.board.pending, len(self.jobs)
+        # Logged before systemd hears READY=1, so whoever sees the unit ready finds the line.
         _log.info("daemon.ready", inbox=str(self.dirs.inbox), pending=pending, running=running)
+        self.notifier.ready(self.board.status_line())
 
     async def _handle_signals(
         self, signals: AsyncIterator[signal.Signals], *, task_status: anyio.abc.TaskStatus[None]

@@ -22,8 +22,11 @@ from sharderd.plan.search import (
     AttemptKey,
     ContentCorrection,
     Observation,
+    StageView,
     amp_closing,
+    amp_for_plan,
     amp_retry,
+    stage_views,
 )
 
 __all__ = ["NextAttempt"]
@@ -289,8 +292,25 @@ class NextAttempt(ProverState):
             return None
         # Among the splits the measured model allows, prefer one with room on the device that
         # overflowed last: the compiler names the lowest failing device, so a split that only
-        # just fits there would likely name it again and teach nothing of the others.
+        # just fits there would likely name it again and teach nothing of the others. Better
+        # still, one with room for the nodes no compile measured, whose error the OOM reports
+        # could not show.
         roomy = self.state.escalate(self.state.last_oom_device(), HEADROOM).scales()
+        cautious = self.state.cautious_content()
+        if cautious is not None:
+            try:
+                record = await self._candidate(
+                    "verdict check: the model as measured, room for unmeasured nodes",
+                    1.0,
+                    roomy,
+                    None,
+                    self.default_amp,
+                    cautious,
+                )
+            except PlanInfeasibleError:
+                record = None
+            if record is not None:
+                return record
         try:
             spaced = await self._plan(
                 margin=1.0, scale=roomy, content=content, orders=None, amp=self.default_amp
@@ -341,10 +361,19 @@ class NextAttempt(ProverState):
             at_lowest,
             key=lambda pair: pair[0].measured if pair[0].measured is not None else math.inf,
         )
-        amp = amp_retry(observation, lowest, self.config.search.amp_fallbacks)
+        fallbacks = self.config.search.amp_fallbacks
+        if observation.stage is None:
+            amp = amp_retry(observation, lowest, fallbacks)
+        else:
+            views = stage_views(base.plan, self.target.memory_bytes, base.contents)
+            amp, stage, need = amp_for_plan(
+                views, base.index, self.state.observations, lowest, fallbacks
+            )
+            if amp is None and stage is not None:
+                if not self.settle_note:
+                    self.settle_note = self._amp_note(stage, need, lowest, base.index, observation)
+                return None
         if amp is None:
-            if not self.settle_note:
-                self.settle_note = self._amp_note(observation)
             return None
         key = AttemptKey(base.key.digest, amp)
         if key in self.tried:
@@ -365,19 +394,22 @@ class NextAttempt(ProverState):
             contents=base.contents,
         )
 
-    def _amp_note(self, observation: Observation) -> str:
-        if observation.stage is None or observation.measured is None:
-            return ""
-        lowest = min(self.config.search.amp_fallbacks, default=observation.amp)
-        share = (
-            observation.stage.activation_share * (1 - lowest / observation.amp)
-            if observation.amp
-            else 0.0
-        )
+    def _amp_note(
+        self, stage: StageView, need: float, amp: float, attempt: int, named: Observation
+    ) -> str:
+        lowest = min(self.config.search.amp_fallbacks, default=amp)
+        share = stage.activation_share * (1 - lowest / amp) if amp else 0.0
+        where = f"device {stage.device}'s worst tile"
+        if named.stage is None or named.stage.device != stage.device:
+            # Not what this compile measured: carried over from an overflow of mostly its nodes.
+            where = (
+                f"device {stage.device}'s worst tile in attempt {attempt} (as an overflow of "
+                "mostly the same nodes measured it)"
+            )
         return (
             f"; a lower available_memory_proportion was not tried: the conv/matmul temporaries it bounds are at most "
-            f"{share * 100:.0f}% of device {observation.stage.device}'s worst tile even at {lowest:g}, "
-            f"the gap is {(observation.measured - 1) / observation.measured * 100:.0f}%"
+            f"{share * 100:.0f}% of {where} even at {lowest:g}, "
+            f"the gap is {(need - 1) / need * 100:.0f}%"
         )
 
     async def _perf_variant(self) -> AttemptRecord | None:

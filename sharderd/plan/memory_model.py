@@ -24,6 +24,8 @@ __all__ = [
     "SYSTEMIC_AGREEMENT",
     "SYSTEMIC_CAP",
     "UNKNOWN_OVER",
+    "UNMEASURED_SHARE",
+    "cautious",
     "content_model",
     "hypothesis",
     "stage_factor",
@@ -48,6 +50,10 @@ FIT_MIN_PREDICTED_SPREAD = 0.1
 about the nodes between them."""
 OOM_FLOOR = 1.001
 """What the verdict's model keeps an overflow at, however close to capacity it was measured."""
+UNMEASURED_SHARE = 0.5
+"""A verdict check takes the nodes no compile measured this share (geometrically) of the way
+from the factor the model gives them (1, or a systemic factor) to the worst measured one: an OOM
+names one device, and the others' error is rarely what the model assumes nor all of the worst."""
 HOPELESS = 1e6
 """A factor so large nothing fits: the stage's code alone overflowed."""
 
@@ -219,5 +225,19 @@ def hypothesis(observations: Sequence[Observation], *, amp: float) -> ContentCor
         return None
     guess = min(max(f for _, f in model.patches), SYSTEMIC_CAP)
     if guess <= 1.0:
+        return None
+    return replace(model, base=guess)
+
+
+def cautious(model: ContentCorrection) -> ContentCorrection | None:
+    """``model`` with the nodes no compile measured (its ``base``) taken ``UNMEASURED_SHARE`` of
+    the way to its worst factor (bounded by ``SYSTEMIC_CAP``); None when that changes nothing.
+
+    Every factor only grows, so a split that fits this fits ``model`` too: a verdict check chosen
+    under it is still one the model as measured allows, with room where the compiles saw nothing.
+    """
+    worst = min(model.peak(), SYSTEMIC_CAP)
+    guess = model.base * (worst / model.base) ** UNMEASURED_SHARE
+    if guess <= model.base * (1.0 + 1e-9):
         return None
     return replace(model, base=guess)

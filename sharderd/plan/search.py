@@ -30,10 +30,12 @@ from dataclasses import dataclass, field, replace
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.memory_model import (
     FIT_MIN_MEASURED_SPREAD,
+    FIT_MIN_OVERLAP,
     HEADROOM,
     SYSTEMIC_AGREEMENT,
     SYSTEMIC_CAP,
     UNKNOWN_OVER,
+    cautious,
     content_model,
     hypothesis,
     stage_factor,
@@ -60,9 +62,11 @@ __all__ = [
     "SearchState",
     "StageView",
     "amp_closing",
+    "amp_for_plan",
     "amp_retry",
     "learn",
     "observe",
+    "stage_need",
     "stage_views",
 ]
 
@@ -89,6 +93,61 @@ def amp_closing(
         if measured * activation_share * (1.0 - candidate / amp) >= measured - 1.0:
             return candidate
     return None
+
+
+def stage_need(
+    stage: StageView, attempt: int, observations: Sequence[Observation], amp: float
+) -> float:
+    """What the compiles say one stage of a compiled plan needs (× capacity) at ``amp``.
+
+    Its own measurement if the compile named its device (``UNKNOWN_OVER`` for an OOM without
+    bytes); else the largest overflow of a stage
+    holding mostly the same nodes, carried over by its factor with the noise in the model's
+    favour (so a retry is only skipped when even that reading leaves a gap); else the prediction.
+    """
+    need = stage.predicted
+    for o in observations:
+        if o.amp != amp or o.stage is None:
+            continue
+        if o.attempt == attempt and o.stage.device == stage.device:
+            if o.measured is not None:
+                return o.measured
+            return UNKNOWN_OVER if not o.fits else need
+        if o.measured is None:
+            continue
+        if not o.fits and o.stage.overlap(stage) >= FIT_MIN_OVERLAP:
+            factor = stage_factor(o, o.measured * (1.0 - FIT_MIN_MEASURED_SPREAD))
+            need = max(need, stage.code + factor * stage.rest)
+    return need
+
+
+def amp_for_plan(
+    stages: Sequence[StageView],
+    attempt: int,
+    observations: Sequence[Observation],
+    amp: float,
+    fallbacks: Sequence[float],
+) -> tuple[float | None, StageView | None, float]:
+    """The highest fallback below ``amp`` at which every stage of a compiled plan that the
+    compiles say overflows can fit (``amp_closing``), and the stage that decides it with its need.
+
+    The compiler names one device per OOM; a retry that closes that device's gap while another
+    device is known (from an overlapping stage's overflow) to need more is a compile the model
+    already calls hopeless, so the level is chosen for the worst of them.
+    """
+    needs = [(s, stage_need(s, attempt, observations, amp)) for s in stages]
+    over = [(s, n) for s, n in needs if n > 1.0]
+    if not over:
+        return None, None, 0.0
+    for candidate in sorted((a for a in fallbacks if a < amp), reverse=True):
+        if all(amp_closing(n, s.activation_share, amp, (candidate,)) is not None for s, n in over):
+            return candidate, None, 0.0
+    # None closes every gap: the one that stays open at the lowest level decides.
+    lowest = min(fallbacks, default=amp)
+    stage, need = max(
+        over, key=lambda sn: (sn[1] - 1.0) - sn[1] * sn[0].activation_share * (1 - lowest / amp)
+    )
+    return None, stage, need
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +185,10 @@ class SearchState:
     def estimate_content(self) -> ContentCorrection:
         """The correction as measured, for the verdict: no headroom, noise in the model's favour."""
         return content_model(self.observations, amp=self.default_amp, estimate=True)
+
+    def cautious_content(self) -> ContentCorrection | None:
+        """The estimate with room for the nodes no compile measured (``memory_model.cautious``)."""
+        return cautious(self.estimate_content())
 
     def hypothesis(self) -> ContentCorrection | None:
         return hypothesis(self.observations, amp=self.default_amp)

@@ -11,6 +11,9 @@ from sharderd.plan.memory_model import (
     HOPELESS,
     OOM_FLOOR,
     SYSTEMIC_CAP,
+    UNKNOWN_OVER,
+    UNMEASURED_SHARE,
+    cautious,
     content_model,
     hypothesis,
     stage_factor,
@@ -25,8 +28,10 @@ from sharderd.plan.observations import (
 from sharderd.plan.oom import OomInfo
 from sharderd.plan.search import (
     SearchState,
+    amp_for_plan,
     amp_retry,
     learn,
+    stage_need,
 )
 
 TILE = 638_976
@@ -158,6 +163,54 @@ def test_amp_retry_only_when_its_share_closes_the_gap() -> None:
     assert amp_retry(short, 0.6, (0.3, 0.1)) is None
     conv = oom(0, stage(0, 0.9, act=0.6), 1.05)
     assert amp_retry(conv, 0.6, (0.3, 0.1)) == 0.3
+
+
+def test_a_verdict_check_leaves_room_for_the_nodes_no_compile_measured() -> None:
+    """One OOM measures one device; the cautious model takes every other node halfway
+    (geometrically) to its factor, only ever raising factors, so what fits it fits the estimate."""
+    obs = [oom(0, stage(1, 0.8, 100, 200), 0.8 * 1.21)]
+    estimate = content_model(obs, amp=0.6, estimate=True)
+    room = cautious(estimate)
+    assert room is not None
+    worst = estimate.peak()
+    assert abs(room.base - worst**UNMEASURED_SHARE) < 1e-12 and 1.0 < room.base < worst
+    assert (node_factors(room, N) >= node_factors(estimate, N)).all()
+    assert SearchState(4, 1.0, 0.6, tuple(obs)).cautious_content() == room
+    # Two agreeing overflows give the unmeasured nodes a systemic factor, the smaller one: they
+    # are taken halfway from it to the larger.
+    agreed = content_model(
+        [*obs, oom(1, stage(3, 0.8, 300, 400), 0.8 * 1.3)], amp=0.6, estimate=True
+    )
+    above = cautious(agreed)
+    assert agreed.base > 1.0 and above is not None
+    assert abs(above.base - agreed.base * (agreed.peak() / agreed.base) ** UNMEASURED_SHARE) < 1e-12
+    assert cautious(content_model([], amp=0.6, estimate=True)) is None
+
+
+def test_an_amp_retry_closes_every_gap_the_compiles_know_not_only_the_named_one() -> None:
+    """Recorded (transformer, largest op on 40% of tiles, 4 devices): the plan's OOM named device 0
+    at 1.024; the verdict check's device 1, holding mostly the plan's device-1 nodes, measured
+    1.134. AMP 0.3 closes device 0's gap but not what those nodes need on device 1, so the retry
+    goes to 0.1 at once (the 0.3 compile ran out of memory on device 1; 0.1 fitted)."""
+    plan = (
+        stage(0, 0.851, 0, 75, act=0.131, code=0.377),
+        stage(1, 0.921, 75, 152, act=0.121, code=0.357),
+        stage(2, 0.895, 152, 235, act=0.124, code=0.396),
+        stage(3, 0.885, 235, 308, act=0.126, code=0.353),
+    )
+    obs = [oom(0, plan[0], 1.024), oom(1, stage(1, 0.943, 88, 166, act=0.118, code=0.354), 1.134)]
+    assert amp_retry(obs[0], 0.6, (0.3, 0.1)) == 0.3
+    need = stage_need(plan[1], 0, obs, 0.6)
+    assert 1.0 < need < 1.134  # carried over with the noise in the model's favour
+    assert stage_need(plan[0], 0, obs, 0.6) == 1.024  # its own measurement
+    assert stage_need(plan[2], 0, obs, 0.6) == plan[2].predicted  # nothing measured it
+    assert amp_for_plan(plan, 0, obs, 0.6, (0.3, 0.1)) == (0.1, None, 0.0)
+    level, deciding, gap = amp_for_plan(plan, 0, obs, 0.6, (0.3,))
+    assert level is None and deciding == plan[1] and gap == need
+    assert amp_for_plan(plan, 0, obs[:1], 0.6, (0.3, 0.1))[0] == 0.3
+    assert amp_for_plan(plan, 0, [], 0.6, (0.3, 0.1)) == (None, None, 0.0)
+    numberless = [Observation(0, plan[0], False, None, 0.6)]
+    assert stage_need(plan[0], 0, numberless, 0.6) == UNKNOWN_OVER
 
 
 def test_observe_and_learn_keep_every_observation() -> None:
