@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from sharderd.job.attempts import AttemptRecord
 from sharderd.job.prover_state import MAX_ESCALATIONS, PERF_BAND, ProverState
 from sharderd.job.session import PlanRequest, ProbeRequest
 from sharderd.plan.choose import Compiled, best_compiled
+from sharderd.plan.memory_model import cautious
 from sharderd.plan.search import (
     HEADROOM,
     AttemptKey,
@@ -30,6 +32,14 @@ from sharderd.plan.search import (
 )
 
 __all__ = ["NextAttempt"]
+
+
+async def _or_none(planned: Awaitable[AttemptRecord | None]) -> AttemptRecord | None:
+    """A candidate, or None when its model has no split (a variant, not a verdict)."""
+    try:
+        return await planned
+    except PlanInfeasibleError:
+        return None
 
 
 class NextAttempt(ProverState):
@@ -132,8 +142,8 @@ class NextAttempt(ProverState):
             return None
         if self.calibrate_pending:
             self.calibrate_pending = False
-            try:
-                record = await self._candidate(
+            record = await _or_none(
+                self._candidate(
                     "re-plan on measured times",
                     self.margin,
                     self.scale,
@@ -141,8 +151,7 @@ class NextAttempt(ProverState):
                     self.default_amp,
                     self.state.content(),
                 )
-            except PlanInfeasibleError:
-                record = None
+            )
             if record is not None:
                 return record
         if self.need_base and self.infeasible is None:
@@ -194,8 +203,8 @@ class NextAttempt(ProverState):
             self.hypothesis_pending = False
             guess = self.state.hypothesis()
             if guess is not None:
-                try:
-                    record = await self._candidate(
+                record = await _or_none(
+                    self._candidate(
                         "speculative: every node as corrected as the worst",
                         self.margin,
                         self.scale,
@@ -203,14 +212,13 @@ class NextAttempt(ProverState):
                         self.default_amp,
                         guess,
                     )
-                except PlanInfeasibleError:
-                    record = None
+                )
                 if record is not None:
                     return record
         if self.spec_margins and not self.state.observations:
             margin = self.spec_margins.pop(0)
-            try:
-                record = await self._candidate(
+            record = await _or_none(
+                self._candidate(
                     f"speculative margin {margin:g}",
                     margin,
                     self.scale,
@@ -218,8 +226,7 @@ class NextAttempt(ProverState):
                     self.default_amp,
                     self.state.content(),
                 )
-            except PlanInfeasibleError:
-                record = None
+            )
             if record is not None:
                 return record
         return None
@@ -296,19 +303,18 @@ class NextAttempt(ProverState):
         # still, one with room for the nodes no compile measured, whose error the OOM reports
         # could not show.
         roomy = self.state.escalate(self.state.last_oom_device(), HEADROOM).scales()
-        cautious = self.state.cautious_content()
-        if cautious is not None:
-            try:
-                record = await self._candidate(
+        room = cautious(content)
+        if room is not None:
+            record = await _or_none(
+                self._candidate(
                     "verdict check: the model as measured, room for unmeasured nodes",
                     1.0,
                     roomy,
                     None,
                     self.default_amp,
-                    cautious,
+                    room,
                 )
-            except PlanInfeasibleError:
-                record = None
+            )
             if record is not None:
                 return record
         try:
@@ -400,7 +406,7 @@ class NextAttempt(ProverState):
         lowest = min(self.config.search.amp_fallbacks, default=amp)
         share = stage.activation_share * (1 - lowest / amp) if amp else 0.0
         where = f"device {stage.device}'s worst tile"
-        if named.stage is None or named.stage.device != stage.device:
+        if named.device != stage.device:
             # Not what this compile measured: carried over from an overflow of mostly its nodes.
             where = (
                 f"device {stage.device}'s worst tile in attempt {attempt} (as an overflow of "
@@ -439,8 +445,8 @@ class NextAttempt(ProverState):
         best_period = periods[best.index]
         while self.perf_variants:
             margin, orders = self.perf_variants.pop(0)
-            try:
-                record = await self._candidate(
+            record = await _or_none(
+                self._candidate(
                     "optimal-perf variant",
                     margin,
                     self.state.scales(),
@@ -448,8 +454,7 @@ class NextAttempt(ProverState):
                     self.default_amp,
                     self.state.content(),
                 )
-            except PlanInfeasibleError:
-                continue
+            )
             if record is None:
                 continue
             if record.predicted_s * ratio * PERF_BAND < best_period:

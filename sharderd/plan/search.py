@@ -35,7 +35,6 @@ from sharderd.plan.memory_model import (
     SYSTEMIC_AGREEMENT,
     SYSTEMIC_CAP,
     UNKNOWN_OVER,
-    cautious,
     content_model,
     hypothesis,
     stage_factor,
@@ -101,21 +100,17 @@ def stage_need(
     """What the compiles say one stage of a compiled plan needs (× capacity) at ``amp``.
 
     Its own measurement if the compile named its device (``UNKNOWN_OVER`` for an OOM without
-    bytes); else the largest overflow of a stage
-    holding mostly the same nodes, carried over by its factor with the noise in the model's
-    favour (so a retry is only skipped when even that reading leaves a gap); else the prediction.
+    bytes); else the largest overflow of a stage holding mostly the same nodes, carried over by
+    its factor with the noise in the model's favour (so a retry is only skipped when even that
+    reading leaves a gap); else the prediction.
     """
     need = stage.predicted
     for o in observations:
-        if o.amp != amp or o.stage is None:
+        if o.amp != amp or o.stage is None or o.fits:
             continue
         if o.attempt == attempt and o.stage.device == stage.device:
-            if o.measured is not None:
-                return o.measured
-            return UNKNOWN_OVER if not o.fits else need
-        if o.measured is None:
-            continue
-        if not o.fits and o.stage.overlap(stage) >= FIT_MIN_OVERLAP:
+            return o.measured if o.measured is not None else UNKNOWN_OVER
+        if o.measured is not None and o.stage.overlap(stage) >= FIT_MIN_OVERLAP:
             factor = stage_factor(o, o.measured * (1.0 - FIT_MIN_MEASURED_SPREAD))
             need = max(need, stage.code + factor * stage.rest)
     return need
@@ -139,9 +134,10 @@ def amp_for_plan(
     over = [(s, n) for s, n in needs if n > 1.0]
     if not over:
         return None, None, 0.0
-    for candidate in sorted((a for a in fallbacks if a < amp), reverse=True):
-        if all(amp_closing(n, s.activation_share, amp, (candidate,)) is not None for s, n in over):
-            return candidate, None, 0.0
+    # A lower level only shrinks more, so the plan's level is the lowest any stage needs.
+    levels = [amp_closing(n, s.activation_share, amp, fallbacks) for s, n in over]
+    if None not in levels:
+        return min(level for level in levels if level is not None), None, 0.0
     # None closes every gap: the one that stays open at the lowest level decides.
     lowest = min(fallbacks, default=amp)
     stage, need = max(
@@ -185,10 +181,6 @@ class SearchState:
     def estimate_content(self) -> ContentCorrection:
         """The correction as measured, for the verdict: no headroom, noise in the model's favour."""
         return content_model(self.observations, amp=self.default_amp, estimate=True)
-
-    def cautious_content(self) -> ContentCorrection | None:
-        """The estimate with room for the nodes no compile measured (``memory_model.cautious``)."""
-        return cautious(self.estimate_content())
 
     def hypothesis(self) -> ContentCorrection | None:
         return hypothesis(self.observations, amp=self.default_amp)

@@ -175,7 +175,7 @@ def test_a_verdict_check_leaves_room_for_the_nodes_no_compile_measured() -> None
     worst = estimate.peak()
     assert abs(room.base - worst**UNMEASURED_SHARE) < 1e-12 and 1.0 < room.base < worst
     assert (node_factors(room, N) >= node_factors(estimate, N)).all()
-    assert SearchState(4, 1.0, 0.6, tuple(obs)).cautious_content() == room
+    assert cautious(SearchState(4, 1.0, 0.6, tuple(obs)).estimate_content()) == room
     # Two agreeing overflows give the unmeasured nodes a systemic factor, the smaller one: they
     # are taken halfway from it to the larger.
     agreed = content_model(
