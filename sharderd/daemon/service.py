@@ -74,9 +74,15 @@ _EXTEND_EVERY_S: Final = 5.0
 
 
 async def serve(
-    config: Config, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    config: Config,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    signals: AsyncIterator[signal.Signals] | None = None,
 ) -> None:
     """Run the inbox daemon until SIGTERM or SIGINT; ``task_status.started()`` follows ``READY=1``.
+
+    ``signals`` replaces the process's own SIGTERM and SIGINT (a test runs the daemon in its event
+    loop and sends it "signals" through a stream): the first stops it, the second forces the stop.
 
     Raises:
         ConfigError: Start-up checks failed (root, folders, filesystems); nothing was claimed.
@@ -84,7 +90,11 @@ async def serve(
     daemon = _Daemon(open_daemon(config))
     try:
         daemon.start_up()
-        await daemon.run(task_status)
+        if signals is None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+                await daemon.run(task_status, received)
+        else:
+            await daemon.run(task_status, signals)
     finally:
         with anyio.CancelScope(shield=True):
             await daemon.metrics.aclose()
@@ -151,24 +161,25 @@ class _Daemon:
 
     # -- the tree ----------------------------------------------------------------------------
 
-    async def run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with anyio.create_task_group() as root:
-                await root.start(self._handle_signals, signals)
-                await root.start(self._watchdog)
-                await root.start(self._publish_status)
-                async with anyio.create_task_group() as jobs:
-                    self._job_tg = jobs
-                    self._claim_ready()
-                    async with anyio.create_task_group() as intake:
-                        if not self.stop.is_set():
-                            await self._start_intake(intake)
-                            task_status.started()
-                        await self.stop.wait()
-                        self.watcher.stop()
-                        intake.cancel_scope.cancel()
-                    await self._stop_jobs()
-                root.cancel_scope.cancel()
+    async def run(
+        self, task_status: anyio.abc.TaskStatus[None], signals: AsyncIterator[signal.Signals]
+    ) -> None:
+        async with anyio.create_task_group() as root:
+            await root.start(self._handle_signals, signals)
+            await root.start(self._watchdog)
+            await root.start(self._publish_status)
+            async with anyio.create_task_group() as jobs:
+                self._job_tg = jobs
+                self._claim_ready()
+                async with anyio.create_task_group() as intake:
+                    if not self.stop.is_set():
+                        await self._start_intake(intake)
+                        task_status.started()
+                    await self.stop.wait()
+                    self.watcher.stop()
+                    intake.cancel_scope.cancel()
+                await self._stop_jobs()
+            root.cancel_scope.cancel()
         self.board.set_state("stopped")
         self._write_status()
         _log.info(
