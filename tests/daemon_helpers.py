@@ -282,7 +282,17 @@ class DaemonProcess:
     def kill9(self) -> None:
         self.proc.kill()
         self.proc.wait(10)
-        self.pump(0.1)
+        self.drain()
+
+    def drain(self) -> None:
+        """Read what the pipes hold now (all a dead daemon wrote), without waiting for more: an
+        orphaned child may keep stderr open."""
+        for _ in range(1000):  # bounded: a live writer could keep a pipe ready forever
+            ready, _, _ = select.select(list(self._fds), [], [], 0)
+            if not ready:
+                return
+            for fd in ready:
+                self._read(fd)
 
     def close(self) -> None:
         """Make sure nothing of this daemon survives the test."""

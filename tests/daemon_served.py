@@ -140,6 +140,7 @@ def _captured(served: list[Served]) -> Iterator[None]:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
             CheckEvent(strict=True),
+            structlog.processors.dict_tracebacks,  # an exception's text, as the JSON line has it
             collect,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(20),

@@ -1,7 +1,9 @@
 """Faults a running daemon must survive: ``kill -9`` at random moments, a full disk, an unwritable
 outbox, and a burst of small models with inotify events lost. Nothing is lost, nothing runs twice.
 
-Every test drives a real ``sharderd run`` process (``tests/daemon_helpers.py``). CI sizes by default;
+The kill loop, the burst (the daemon's RSS) and the unwritable outbox (the daemon as another
+user) drive a real ``sharderd run`` process (``tests/daemon_helpers.py``); the rest run the service
+in the test's own event loop (``tests/daemon_served.py``). CI sizes by default;
 ``SHARDERD_SOAK=1`` adds the full-size kill loop and ``SHARDERD_SLOW=1`` the 1,000-model burst.
 ``bench/daemon_soak.py`` runs both at full size and prints the table in BENCHMARKS.md. The kill loop
 and the burst are plain functions here (``kill_loop``, ``burst``) so that script can call them.
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
 import pytest
 from corpus import MODEL_CASES, SIDECAR_CASES, small_model
 from daemon_helpers import (
@@ -46,6 +49,7 @@ from daemon_helpers import (
     save_model,
     write_config,
 )
+from daemon_served import serving
 
 from sharderd import examples
 from sharderd.config import DaemonConfig
@@ -181,31 +185,35 @@ def check_exactly_once(
     return by_name
 
 
+def all_terminal(root: Path, count: int) -> bool:
+    """The journal holds ``count`` terminal records and nothing is pending."""
+    with contextlib.suppress(OSError, ValueError):
+        records = journal_records(root)
+        return (
+            len(records) == count
+            and all(r["state"] in ("succeeded", "duplicate", "failed") for r in records)
+            and not any((root / "inbox").iterdir())
+            and not any((root / "state" / "processing").iterdir())
+        )
+    return False
+
+
 def wait_all_terminal(daemon: DaemonProcess, root: Path, count: int, timeout: float) -> None:
-    """Read the daemon's log until the journal holds ``count`` terminal records and nothing is pending."""
-
-    def settled() -> bool:
-        with contextlib.suppress(OSError, ValueError):
-            records = journal_records(root)
-            return (
-                len(records) == count
-                and all(r["state"] in ("succeeded", "duplicate", "failed") for r in records)
-                and not any((root / "inbox").iterdir())
-                and not any((root / "state" / "processing").iterdir())
-            )
-        return False
-
-    daemon.wait_until(settled, timeout, f"{count} jobs to reach a terminal state")
+    """Read the daemon's log until ``all_terminal``."""
+    daemon.wait_until(
+        lambda: all_terminal(root, count), timeout, f"{count} jobs to reach a terminal state"
+    )
 
 
 def no_processes_left(daemons: Sequence[DaemonProcess], timeout: float = 10.0) -> None:
     """Every process any of these daemons started is gone (an orphaned planning worker exits on EOF)."""
-    deadline = time.monotonic() + timeout
-    while (
-        left := [pid for d in daemons for pid in marked_processes(d.token)]
-    ) and time.monotonic() < deadline:
-        daemons[-1].pump(0.1)
-    assert left == [], f"processes left behind: {left}"
+
+    def left() -> list[int]:
+        return [pid for d in daemons for pid in marked_processes(d.token)]
+
+    with contextlib.suppress(AssertionError):
+        daemons[-1].wait_until(lambda: not left(), timeout, "the daemons' processes to exit")
+    assert left() == [], f"processes left behind: {left()}"
 
 
 def rss_bytes(pid: int, key: str = "VmRSS") -> int:
@@ -269,26 +277,29 @@ def corpus_through_daemon(root: Path, skip: frozenset[str] = frozenset()) -> Cor
     is_job = {g[-1].name: inspect_entry(root / "staging", g[-1].name) is not None for g in groups}
     names = {g[-1].name.removesuffix(".onnx") for g in groups if is_job[g[-1].name]}
     good = save_model(chain_model(99), root / "good.onnx")
-    with running(write_config(root)) as daemon:
-        for group in groups:
-            for path in group:
-                drop(path, root / "inbox")
 
-        def settled() -> bool:
-            with contextlib.suppress(OSError, ValueError):
-                records = journal_records(root)
-                return (
-                    len(records) >= len(names)
-                    and all(r["state"] in ("succeeded", "duplicate", "failed") for r in records)
-                    and not any((root / "state" / "processing").iterdir())
-                )
-            return False
+    def settled() -> bool:
+        with contextlib.suppress(OSError, ValueError):
+            records = journal_records(root)
+            return (
+                len(records) >= len(names)
+                and all(r["state"] in ("succeeded", "duplicate", "failed") for r in records)
+                and not any((root / "state" / "processing").iterdir())
+            )
+        return False
 
-        daemon.wait_until(settled, 120 + 5 * len(names), f"{len(names)} corpus jobs to end")
-        drop(good, root / "inbox")
-        daemon.wait_for("job.succeeded", name="good", timeout=60)
-        deaths = int(daemon.proc.poll() is not None) + len(daemon.events("daemon.started")) - 1
-        assert daemon.stop() == 0
+    async def run() -> int:
+        """The service in this loop; 1 when it stopped before it was told to (a death)."""
+        async with serving(write_config(root)) as daemon:
+            for group in groups:
+                for path in group:
+                    drop(path, root / "inbox")
+            await daemon.wait_until(settled, 120 + 5 * len(names), f"{len(names)} corpus jobs")
+            drop(good, root / "inbox")
+            await daemon.wait_for("job.succeeded", name="good", timeout=60)
+            return int(daemon.stopped.is_set())
+
+    deaths = anyio.run(run)
     records = {r["name"]: r for r in journal_records(root)}
     assert set(records) == names | {"good"}, set(records) ^ (names | {"good"})
     failed = root / "state" / "failed"
@@ -407,13 +418,18 @@ def reference_results(
     """What a clean run (no kills, instant compiles) publishes for each distinct content."""
     first = {job.content: job for job in reversed(jobs)}
     staged = {job.name: stage(job, root / "models")[0] for job in first.values()}
-    with running(
-        soak_config(root), fake_poprt=True, env={"FAKE_POPRT_COMPILE_SECONDS": "0"}
-    ) as daemon:
-        for paths in staged.values():
-            for path in paths:
-                drop(path, root / "inbox")
-        wait_all_terminal(daemon, root, len(first), timeout=60 + 5 * len(first))
+
+    async def run() -> None:
+        env = {"FAKE_POPRT_COMPILE_SECONDS": "0"}
+        async with serving(soak_config(root), fake_poprt=True, env=env) as daemon:
+            for paths in staged.values():
+                for path in paths:
+                    drop(path, root / "inbox")
+            await daemon.wait_until(
+                lambda: all_terminal(root, len(first)), 60 + 5 * len(first), "the clean run"
+            )
+
+    anyio.run(run)
     records = {r["name"]: r for r in journal_records(root)}
     assert all(r["state"] == "succeeded" for r in records.values()), records
     return {
@@ -482,6 +498,7 @@ def kill_loop(
                 drop_batch(batches[round_])
             if round_ == kills:
                 break
+            # the kill's moment is the test's input: seeded random, not an event to await
             if round_ == 0:
                 daemon.wait_for("attempt.started", timeout=60)
                 daemon.pump(rng.uniform(0.0, min(0.5, compile_seconds / 2)))
@@ -584,7 +601,8 @@ def test_a_daemon_max_attempts_above_the_sidecar_limit_applies_to_jobs_with_a_si
         load_sidecar(sidecar, DaemonConfig())
 
 
-def test_restart_sweeps_the_temp_files_a_kill_leaves_mid_write(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_restart_sweeps_the_temp_files_a_kill_leaves_mid_write(tmp_path: Path) -> None:
     """Temp files of a journal write, an index write and a result cut short by kill -9 are gone
     once a restarted daemon is ready; no job comes of them."""
     config = soak_config(tmp_path)
@@ -597,8 +615,8 @@ def test_restart_sweeps_the_temp_files_a_kill_leaves_mid_write(tmp_path: Path) -
     for path in planted:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{")
-    with running(config) as daemon:
-        assert daemon.stop() == 0
+    async with serving(config):
+        pass  # ready: start-up (the recovery) is over
     assert temp_leftovers(tmp_path) == [] and journal_records(tmp_path) == []
     assert not any(p.exists() for p in planted)
 
@@ -644,7 +662,10 @@ def free_bytes(mount: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def test_disk_full_jobs_wait_in_processing_and_finish_once_space_returns(small_fs: Path) -> None:
+@pytest.mark.anyio
+async def test_disk_full_jobs_wait_in_processing_and_finish_once_space_returns(
+    small_fs: Path,
+) -> None:
     """With the disk full the daemon keeps running, the claimed inputs stay intact in processing/ and
     are retried at each rescan; once space is freed both finish, exactly once, without a restart."""
     root = small_fs / "daemon"
@@ -653,14 +674,14 @@ def test_disk_full_jobs_wait_in_processing_and_finish_once_space_returns(small_f
         for seed, name in enumerate(("a", "b"))
     }
     sources = {name: sha256(path) for name, path in models.items()}
-    with running(write_config(root, rescan_interval=0.5)) as daemon:
+    async with serving(write_config(root, rescan_interval=0.5)) as daemon:
         ballast = fill(small_fs)
         assert free_bytes(small_fs) == 0
         for path in models.values():
             drop(path, root / "inbox")
         # Every claimed job fails to write its journal, is left in processing/, and is tried again.
-        daemon.wait_for("daemon.error", count=6, timeout=30)
-        assert daemon.proc.poll() is None
+        await daemon.wait_for("daemon.error", count=6, timeout=30)
+        assert not daemon.stopped.is_set()
         assert all(
             "No space left on device" in json.dumps(ln) for ln in daemon.events("daemon.error")
         )
@@ -671,33 +692,32 @@ def test_disk_full_jobs_wait_in_processing_and_finish_once_space_returns(small_f
             assert len(held) == 1 and sha256(held[0]) == digest
         assert results(root / "outbox") == [] and list((root / "state" / "failed").iterdir()) == []
         ballast.unlink()
-        daemon.wait_for("job.succeeded", count=2, timeout=30)
+        await daemon.wait_for("job.succeeded", count=2, timeout=30)
         # a status write with room again, so a stale temp file would show
-        daemon.wait_status(root / "run", lambda s: s["queue"]["succeeded"] == 2, "2 succeeded")
+        await daemon.wait_status(lambda s: s["queue"]["succeeded"] == 2, "2 succeeded")
         assert len(daemon.events("job.claimed")) == 2
-        assert daemon.stop() == 0
     check_exactly_once(root, sources)
     assert [p.name for p in results(root / "outbox")] == ["a", "b"]
 
 
-def test_disk_too_full_for_the_result_fails_the_job_with_the_reason(small_fs: Path) -> None:
+@pytest.mark.anyio
+async def test_disk_too_full_for_the_result_fails_the_job_with_the_reason(small_fs: Path) -> None:
     """Room for the bookkeeping but not for the sharded model: the job fails naming ENOSPC, its input
     intact in failed/, and the daemon goes on to finish the next job once there is room."""
     root = small_fs / "daemon"
     big = save_model(chain_model(1, hidden=128), root / "models" / "big.onnx")  # ~1 MB of weights
     small = save_model(chain_model(2, hidden=8), root / "models" / "small.onnx")
     sources = {"big": sha256(big), "small": sha256(small)}
-    with running(write_config(root)) as daemon:
+    async with serving(write_config(root)) as daemon:
         ballast = fill(small_fs, leave=256 * 1024)
         drop(big, root / "inbox")
-        daemon.wait_for("job.failed", name="big", timeout=30)
-        assert daemon.proc.poll() is None
+        await daemon.wait_for("job.failed", name="big", timeout=30)
+        assert not daemon.stopped.is_set()
         ballast.unlink()
         drop(small, root / "inbox")
-        daemon.wait_for("job.succeeded", name="small", timeout=30)
+        await daemon.wait_for("job.succeeded", name="small", timeout=30)
         # a status write with room again, so a stale temp file would show
-        daemon.wait_status(root / "run", lambda s: s["queue"]["succeeded"] == 1, "1 succeeded")
-        assert daemon.stop() == 0
+        await daemon.wait_status(lambda s: s["queue"]["succeeded"] == 1, "1 succeeded")
     error = json.loads((root / "state" / "failed" / "big" / "error.json").read_text())
     assert error["reason"] != "internal_error", error
     check_exactly_once(root, sources, allow_failed={"big": "No space left on device"})
@@ -832,7 +852,7 @@ def burst(
             raise
     try:
         daemon.ready()
-        daemon.pump(0.5)
+        daemon.pump(0.5)  # the test's input: start-up's allocations settle before the first sample
         samples = [rss_bytes(daemon.pid)]
         start = time.monotonic()
         for name in names:
@@ -846,7 +866,7 @@ def burst(
 
         daemon.wait_until(finished, 60 + 2.0 * count, f"{count} jobs to finish")
         seconds = time.monotonic() - start
-        daemon.pump(1.0)
+        daemon.pump(1.0)  # the test's input: the idle stretch after the burst, then the last sample
         samples.append(rss_bytes(daemon.pid))
         peak = rss_bytes(daemon.pid, "VmHWM")
         assert daemon.stop() == 0
