@@ -233,7 +233,7 @@ class DaemonProcess:
                 raise AssertionError(
                     f"the daemon exited ({self.proc.poll()}) while waiting for {what}\n{self.tail()}"
                 )
-            self.pump(min(left, 0.5))
+            self.pump(min(left, 0.5))  # returns early with each line read: not a fixed pause
         return True
 
     def wait_status(

@@ -1,8 +1,10 @@
 """The ops surface: ``sharderd status``, the metrics textfile and port, ``sharderd retry`` and ``cancel``.
 
-Daemon tests drive a real ``sharderd run`` process (``tests/daemon_helpers.py``); a compile kept
-running by the fake poprt (``FAKE_POPRT_COMPILE_SECONDS``) gives ``status`` and ``cancel`` something
-to see. The commands run in-process through ``sharderd.cli.main``; the daemon is the real one.
+``status`` and ``cancel`` tests drive a real ``sharderd run`` process (``tests/daemon_helpers.py``):
+status checks the daemon's pid and command line; a compile kept running by the fake poprt
+(``FAKE_POPRT_COMPILE_SECONDS``) gives them something to see. The metrics and ``retry`` tests run
+the service in the test's own event loop (``tests/daemon_served.py``). The commands run in-process
+through ``sharderd.cli.main``.
 Metrics are checked with a small parser of the text exposition format written here (and
 ``promtool check metrics`` or prometheus-client's parser when they happen to be installed).
 """
@@ -34,6 +36,7 @@ from daemon_helpers import (
     save_model,
     write_config,
 )
+from daemon_served import serving
 
 from sharderd import __version__
 from sharderd.cli import main as cli_main
@@ -440,13 +443,15 @@ def test_status_verdicts_without_a_daemon(root: Path, capsys: pytest.CaptureFixt
 # --- metrics --------------------------------------------------------------------------------------
 
 
-def test_metrics_textfile_parses_and_its_counters_move(root: Path) -> None:
+@pytest.mark.anyio
+async def test_metrics_textfile_parses_and_its_counters_move(root: Path) -> None:
     """The textfile parses strictly; after two jobs the job, attempt and histogram counts have moved."""
     config = poprt_config(root)
     (root / "metrics").mkdir()
     prom = root / "metrics" / "sharderd.prom"
-    with running(config, fake_poprt=True, env={"FAKE_POPRT_COMPILE_SECONDS": "0"}) as daemon:
-        daemon.wait_until(prom.exists, 10, "the metrics file")
+    env = {"FAKE_POPRT_COMPILE_SECONDS": "0"}
+    async with serving(config, fake_poprt=True, env=env) as daemon:
+        await daemon.wait_until(prom.exists, 10, "the metrics file")
         before = read_metrics(prom)
         assert before["sharderd_up"].value("sharderd_up") == 1
         assert before["sharderd_jobs_total"].value("sharderd_jobs_total", outcome="succeeded") == 0
@@ -460,7 +465,7 @@ def test_metrics_textfile_parses_and_its_counters_move(root: Path) -> None:
         started = time.time()
         for k, name in enumerate(("one", "two")):
             drop(staged(root, name, seed=k), root / "inbox")
-        daemon.wait_for("job.succeeded", count=2, timeout=60)
+        await daemon.wait_for("job.succeeded", count=2, timeout=60)
         ok = len(daemon.events("attempt.finished", result="ok"))
 
         def moved() -> bool:
@@ -469,7 +474,7 @@ def test_metrics_textfile_parses_and_its_counters_move(root: Path) -> None:
                 return jobs.value("sharderd_jobs_total", outcome="succeeded") == 2
             return False
 
-        daemon.wait_until(moved, 10, "the metrics to count both jobs")
+        await daemon.wait_until(moved, 10, "the metrics to count both jobs")
         after = read_metrics(prom)
         assert (
             after["sharderd_attempts_total"].value("sharderd_attempts_total", outcome="ok")
@@ -489,29 +494,29 @@ def test_metrics_textfile_parses_and_its_counters_move(root: Path) -> None:
         )
         assert after["sharderd_queue_depth"].value("sharderd_queue_depth", state="processing") == 0
         assert after["sharderd_pool_busy_slots"].value("sharderd_pool_busy_slots") == 0
-        assert daemon.stop() == 0
     assert read_metrics(prom)["sharderd_up"].value("sharderd_up") == 0  # a clean stop says so
 
 
-def test_metrics_port_serves_the_exposition_on_localhost(root: Path) -> None:
+@pytest.mark.anyio
+async def test_metrics_port_serves_the_exposition_on_localhost(root: Path) -> None:
     """With prometheus-client installed, ``metrics_port = 0`` serves the same families on 127.0.0.1."""
     pytest.importorskip("prometheus_client")
-    with running(write_config(root, metrics_port=0)) as daemon:
-        url = daemon.wait_for("metrics.served")[0]["url"]
+    async with serving(write_config(root, metrics_port=0)) as daemon:
+        url = (await daemon.wait_for("metrics.served"))[0]["url"]
         assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
-        wait_status(daemon, root, "state ready", lambda s: s["state"] == "ready")
+        await daemon.wait_status(lambda s: s["state"] == "ready", "state ready")
 
         def served_up() -> bool:
             with urllib.request.urlopen(url, timeout=5) as response:
                 text = response.read().decode()
             return "sharderd_up 1.0" in text and "sharderd_pool_slots 2.0" in text
 
-        daemon.wait_until(served_up, 10, "the served metrics")
+        await daemon.wait_until(served_up, 10, "the served metrics")
         with urllib.request.urlopen(url, timeout=5) as response:
             text = response.read().decode()
         assert 'sharderd_jobs_total{outcome="succeeded"} 0.0' in text
         assert 'sharderd_attempt_duration_seconds_bucket{le="7200"} 0.0' in text
-        assert daemon.stop() == 0  # the server thread stops with the daemon
+        await daemon.stop()  # the server thread stops with the daemon
         with pytest.raises(OSError):
             urllib.request.urlopen(url, timeout=5)
 
@@ -519,17 +524,18 @@ def test_metrics_port_serves_the_exposition_on_localhost(root: Path) -> None:
 # --- retry ----------------------------------------------------------------------------------------
 
 
-def test_retry_brings_a_failed_job_back_and_it_runs_again(
+@pytest.mark.anyio
+async def test_retry_brings_a_failed_job_back_and_it_runs_again(
     root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A job failed by its sidecar, fixed in failed/ and retried, runs again with the fixed sidecar."""
     config = write_config(root)
     staged(root, "fixme")
     (root / "models" / "fixme.toml").write_text("stages = 3\n")
-    with running(config) as daemon:
+    async with serving(config) as daemon:
         drop(root / "models" / "fixme.toml", root / "inbox")
         drop(root / "models" / "fixme.onnx", root / "inbox")
-        first = daemon.wait_for("job.failed", name="fixme")[0]
+        first = (await daemon.wait_for("job.failed", name="fixme"))[0]
         assert first["reason"] == "bad_config"
         failed = root / "state" / "failed" / "fixme"
         assert sorted(p.name for p in failed.iterdir()) == [
@@ -553,7 +559,7 @@ def test_retry_brings_a_failed_job_back_and_it_runs_again(
         code, out, _ = cli(capsys, "retry", "fixme", "--config", str(config))
         assert code == 0 and f"the failed run was job {first['job_id']} (bad_config)" in out
         assert not failed.exists()  # error.json/md went with the emptied folder
-        done = daemon.wait_for("job.succeeded", name="fixme")[0]
+        done = (await daemon.wait_for("job.succeeded", name="fixme"))[0]
         assert done["job_id"] != first["job_id"]
     report = json.loads((root / "outbox" / "fixme" / "report.json").read_text())
     assert len(report["plan"]["stages"]) == 3  # the fixed sidecar came along
