@@ -1,6 +1,7 @@
 """What a job dropped by someone else can make the daemon do: nothing outside its folders.
 
-Every test runs ``sharderd run`` as a real process (``tests/daemon_helpers.py``). "Never read" is
+The tests run the daemon's service in their own event loop (``tests/daemon_served.py``), the root
+refusal a real ``sharderd run`` process (``tests/daemon_helpers.py``). "Never read" is
 checked with inotify, not trust: decoy files and folders outside the daemon's folders are watched
 for ``IN_OPEN`` and ``IN_ACCESS`` while the daemon handles jobs that point at them, and an open
 through a symlink or a hard link reports on the decoy too. Only this test knows the decoys' paths,
@@ -29,6 +30,7 @@ from daemon_helpers import (
     save_model,
     write_config,
 )
+from daemon_served import serving
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="the daemon reads /proc and uses inotify"
@@ -102,8 +104,9 @@ def errors_by_name(root: Path) -> dict[str, dict[str, object]]:
 # --- links ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("watch_mode", ["inotify", "poll"])
-def test_symlinks_dropped_in_the_inbox_fail_and_are_never_followed(
+async def test_symlinks_dropped_in_the_inbox_fail_and_are_never_followed(
     tmp_path: Path, open_watch: list[OpenWatch], watch_mode: str
 ) -> None:
     """Links to /etc, /etc/passwd and to valid models outside fail as bad jobs (the link kept in
@@ -135,11 +138,10 @@ def test_symlinks_dropped_in_the_inbox_fail_and_are_never_followed(
         [outside, outside / "decoy.onnx", decoy_dir, decoy_dir / "net.onnx", outside / "side.toml"]
     )
     open_watch.append(watch)
-    with running(write_config(root, watch_mode=watch_mode, poll_interval=0.3)) as daemon:
-        daemon.wait_for("job.failed", count=6)
+    async with serving(write_config(root, watch_mode=watch_mode, poll_interval=0.3)) as daemon:
+        await daemon.wait_for("job.failed", count=6)
         drop(good, inbox)
-        daemon.wait_for("job.succeeded", name="good")  # the daemon keeps serving
-        assert daemon.stop() == 0
+        await daemon.wait_for("job.succeeded", name="good")  # the daemon keeps serving
     assert watch.events() == []
     assert lstat_tree(Path("/etc")) == etc_before and Path("/etc/passwd").stat() == passwd_before
     errors = errors_by_name(root)
@@ -175,7 +177,8 @@ def _relocate(model: Path, location: str) -> None:
     onnx.save(proto, str(model))
 
 
-def test_external_data_outside_the_job_folder_is_never_read(
+@pytest.mark.anyio
+async def test_external_data_outside_the_job_folder_is_never_read(
     tmp_path: Path, open_watch: list[OpenWatch]
 ) -> None:
     """External data named by absolute path, by ``..``, through a symlink or as a hard link to a file
@@ -199,11 +202,10 @@ def test_external_data_outside_the_job_folder_is_never_read(
     watch = OpenWatch([outside, *secrets])
     open_watch.append(watch)
     root = tmp_path / "daemon"
-    with running(write_config(root)) as daemon:
+    async with serving(write_config(root)) as daemon:
         for job in sorted(staging.iterdir()):
             drop(job, root / "inbox")
-        daemon.wait_for("job.failed", count=4)
-        assert daemon.stop() == 0
+        await daemon.wait_for("job.failed", count=4)
     assert watch.events() == []
     errors = errors_by_name(root)
     expect = {
@@ -233,37 +235,33 @@ def _modes(folder: Path) -> set[tuple[str, int]]:
     return found
 
 
-def _run_with_umask_0(config: Path, root: Path) -> None:
-    """One good and one bad job through a daemon started with umask 0 (so no mode comes from the umask)."""
+async def _run_with_umask_0(config: Path, root: Path) -> None:
+    """One good and one bad job through the daemon under umask 0 (so no mode comes from the umask)."""
     save_model(chain_model(1, hidden=32), root / "models" / "good" / "net.onnx", external_data=True)
     (root / "models" / "bad.onnx").write_text("not a model\n")
     old = os.umask(0)
     try:
-        daemon = DaemonProcess(config)
+        async with serving(config) as daemon:
+            drop(root / "models" / "good", root / "inbox")
+            drop(root / "models" / "bad.onnx", root / "inbox")
+            await daemon.wait_for("job.succeeded")
+            await daemon.wait_for("job.failed")
     finally:
         os.umask(old)
-    try:
-        daemon.ready()
-        drop(root / "models" / "good", root / "inbox")
-        drop(root / "models" / "bad.onnx", root / "inbox")
-        daemon.wait_for("job.succeeded")
-        daemon.wait_for("job.failed")
-        assert daemon.stop() == 0
-    finally:
-        daemon.close()
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize(
     ("configured", "file_mode", "dir_mode"), [(False, 0o640, 0o750), (True, 0o600, 0o700)]
 )
-def test_results_and_failures_get_the_configured_modes(
+async def test_results_and_failures_get_the_configured_modes(
     tmp_path: Path, configured: bool, file_mode: int, dir_mode: int
 ) -> None:
     """Every file and folder of a result, and what sharderd writes into failed/, has ``file_mode`` /
     ``dir_mode`` (default 0640/0750), even when the daemon's umask would allow more."""
     root = tmp_path / "daemon"
     modes = {"file_mode": file_mode, "dir_mode": dir_mode} if configured else {}
-    _run_with_umask_0(write_config(root, **modes), root)
+    await _run_with_umask_0(write_config(root, **modes), root)
     result = root / "outbox" / "good"
     assert (result / "net.sharded.onnx").is_file()
     assert _modes(result) == {("d", dir_mode), ("f", file_mode)}
@@ -307,7 +305,8 @@ SHELLY = [
 started anywhere below it (worker, attempt, compiler) would create that file."""
 
 
-def test_nothing_from_a_job_is_executed(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_nothing_from_a_job_is_executed(tmp_path: Path) -> None:
     """Names, graph strings and sidecar values that are shell commands stay data: the jobs run (or
     fail on the bad value, quoting it), the compiler gets them as arguments, and no shell ever runs."""
     pwned = tmp_path / "pwned"
@@ -326,15 +325,14 @@ def test_nothing_from_a_job_is_executed(tmp_path: Path) -> None:
     save_model(chain_model(21), models / "dollar.onnx")
     (models / "dollar.toml").write_text('backend = "$(touch ${SHARDERD_PWNED})"\n')
     env = {"SHARDERD_PWNED": str(pwned), "FAKE_POPRT_COMPILE_SECONDS": "0"}
-    with running(write_config(root, target="ipu-mk2"), env=env, fake_poprt=True) as daemon:
+    async with serving(write_config(root, target="ipu-mk2"), env=env, fake_poprt=True) as daemon:
         for path in sorted(models.iterdir(), key=lambda p: p.suffix != ".toml"):  # sidecars first
             drop(path, root / "inbox")
-        daemon.wait_for("job.succeeded", count=len(SHELLY), timeout=60)
-        daemon.wait_for("job.failed", count=2)
+        await daemon.wait_for("job.succeeded", count=len(SHELLY), timeout=60)
+        await daemon.wait_for("job.failed", count=2)
         assert daemon.events(
             "attempt.started",
         ) and daemon.events("attempt.finished", result="ok")
-        assert daemon.stop() == 0
     assert not pwned.exists() and not list(tmp_path.rglob("pwned"))
     assert sorted(p.name for p in results(root / "outbox")) == sorted(SHELLY)
     assert list((root / "outbox" / SHELLY[0]).glob("*.popef"))
