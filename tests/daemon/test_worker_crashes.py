@@ -1,6 +1,6 @@
 """``[daemon] max_worker_crashes`` bounds a job's dying workers apart from its compiles.
 
-Unset, a job's ``max_attempts`` bounds both, as before the key existed (``test_daemon_process``
+Unset, a job's ``max_attempts`` bounds both, as before the key existed (``test_service``
 covers that); set, it alone decides how many runs a job may lose to a worker killed by a signal.
 """
 
@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from daemon_helpers import chain_model, drop, planworker_hook, running, save_model, write_config
+from daemon_helpers import chain_model, drop, planworker_hook, save_model, write_config
+from daemon_served import serving
 
 from sharderd.config import DaemonConfig, load_config
 from sharderd.errors import ConfigError
@@ -32,15 +33,16 @@ def test_the_crash_limit_is_its_own_key_or_else_max_attempts(tmp_path: Path) -> 
         load_config(path)
 
 
-def test_one_allowed_crash_fails_the_job_at_the_first_dead_worker(tmp_path: Path) -> None:
+@pytest.mark.anyio
+async def test_one_allowed_crash_fails_the_job_at_the_first_dead_worker(tmp_path: Path) -> None:
     """max_attempts 8 leaves room for compiles; max_worker_crashes 1 fails the job at once."""
     (tmp_path / "models").mkdir()
     model = save_model(chain_model(), tmp_path / "models" / "doomed.onnx")
     env = planworker_hook(tmp_path, "os.kill(os.getpid(), signal.SIGKILL)")
     config = write_config(tmp_path, max_attempts=8, max_worker_crashes=1)
-    with running(config, env=env) as daemon:
+    async with serving(config, env=env) as daemon:
         drop(model, tmp_path / "inbox")
-        failed = daemon.wait_for("job.failed", name="doomed")[0]
+        failed = (await daemon.wait_for("job.failed", name="doomed"))[0]
         assert failed["reason"] == "worker_crashed"
         assert daemon.events("job.retried") == []
     error = json.loads((tmp_path / "state" / "failed" / "doomed" / "error.json").read_text())
