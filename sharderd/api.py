@@ -167,7 +167,7 @@ async def shard_async(
     from sharderd.job.run import JobFailed, JobSpec
 
     cfg, target_name = _config(config, target, input_shapes, dims, batch_size, precision)
-    given = {
+    given: dict[str, Any] = {
         "backend": backend,
         "optimal_perf": optimal_perf,
         "max_attempts": max_attempts,

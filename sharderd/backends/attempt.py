@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from sharderd.backends.pool import AttemptPool, ProcessResult, run_process
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
@@ -118,7 +118,7 @@ async def run_attempt(
 
 def outcome_of(proc: ProcessResult, result_path: Path, *, timeout: float) -> AttemptOutcome:
     """Decide an attempt's outcome from how its process ended and what it left behind."""
-    facts = {
+    facts: dict[str, Any] = {
         "returncode": proc.returncode,
         "signal": proc.signal,
         "stderr_tail": proc.stderr_tail,

@@ -197,6 +197,7 @@ class RayRunner:
                     infeasible_since = None if reason is None else (infeasible_since or now)
                     if (
                         reason is not None
+                        and infeasible_since is not None  # set whenever there is a reason
                         and now - infeasible_since >= self.cluster.schedule_timeout
                     ):
                         ray.cancel(ref, force=True)

@@ -81,7 +81,6 @@ def accept_result(
     try:
         got = artifacts.digest(shared)
     except (OSError, ValueError) as exc:
-        got = None
         problem = f"unreadable: {exc}"
     else:
         problem = (

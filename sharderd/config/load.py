@@ -72,7 +72,7 @@ def config_from_dict(data: Mapping[str, Any], where: str, *, source: Path | None
                 f"{where}: unknown section or key {key!r} (known: {', '.join(sorted(known))})",
                 path=(key,),
             )
-    sections = {
+    sections: dict[str, Any] = {
         name: load_table(cls, _table(data, name, where), f"{where} [{name}]", path=(name,))
         for name, cls in SECTIONS.items()
     }

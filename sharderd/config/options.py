@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from sharderd.config.schema import Config
 
@@ -64,7 +64,7 @@ def search_options(
             attempt_timeout=d.attempt_timeout,
             kill_grace=d.kill_grace,
         )
-    given = {
+    given: dict[str, Any] = {
         "backend": backend,
         "optimal_perf": optimal_perf,
         "max_attempts": max_attempts,
@@ -90,7 +90,11 @@ def amend_plan(
     each one given (not ``None``) wins; ``dims`` and ``input_shapes`` add to the config's, and the
     two switches can only turn on. ``PlanConfig`` validates the result."""
     plan = config.plan
-    given = {"batch_size": batch_size, "safety_margin": safety_margin, "precision": precision}
+    given: dict[str, Any] = {
+        "batch_size": batch_size,
+        "safety_margin": safety_margin,
+        "precision": precision,
+    }
     plan = replace(plan, **{k: v for k, v in given.items() if v is not None})
     if dims:
         plan = replace(plan, dims={**plan.dims, **dims})

@@ -202,9 +202,9 @@ class JobFiling:
         the result's reports, or deleted."""
         shutil.rmtree(self.work_root, ignore_errors=True)
         if self.ctx.config.daemon.keep_input:
-            for name in REPORTS if result is not None else ():
+            for report in () if result is None else (result / name for name in REPORTS):
                 with contextlib.suppress(FileNotFoundError):  # an older result may lack report.html
-                    shutil.copyfile(result / name, self.job.job_dir / name)
+                    shutil.copyfile(report, self.job.job_dir / report.name)
             rename_unique(self.job.job_dir, self.ctx.dirs.done, self.job.name)
         else:
             shutil.rmtree(self.job.job_dir)

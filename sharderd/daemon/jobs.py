@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, final
+from typing import Any, cast, final
 
 import anyio
 import structlog
@@ -182,7 +182,7 @@ class JobRun:
                     "job.retried",
                     reason="attempt_lost" if lost else "worker_crashed",
                     signal=signum,
-                    message=error.message,
+                    message=cast("WorkerDiedError | AttemptLostError", error).message,
                     attempts=files.record.attempts,
                     max_attempts=crashes,
                 )

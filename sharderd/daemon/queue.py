@@ -189,8 +189,8 @@ class JobQueue:
             _log.info("job.resumed", job_id=job.job_id, name=job.name, priority=waiting.priority)
             return waiting
         while (seen := self.inbox.take_ready()) is not None:
-            if (waiting := self.claim(seen)) is not None:
-                return waiting
+            if (claimed := self.claim(seen)) is not None:
+                return claimed
         return None
 
     def claim(self, seen: Seen) -> Waiting | None:

@@ -6,6 +6,7 @@ and outputs keep their type (a Cast at each end); sharderd plans the same model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -29,7 +30,7 @@ def model_precision(flow: Dataflow) -> str:
 
 
 def at_precision(
-    flow: Dataflow, costs: GraphCosts, types: dict[str, TensorType] | None, precision: str
+    flow: Dataflow, costs: GraphCosts, types: Mapping[str, TensorType] | None, precision: str
 ) -> tuple[Dataflow, GraphCosts]:
     """Flow and costs with float32 weights and inner tensors at half size when ``precision`` is fp16."""
     if precision != "fp16":

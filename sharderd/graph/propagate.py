@@ -312,7 +312,8 @@ def _resolve(
     if pending:
         bounds, made_by = _symbol_bounds(graph, types)
         for name, value in pending.items():
-            if types[name] is not None and types[name].shape is not None:
+            known = types[name]
+            if known is not None and known.shape is not None:
                 continue
             shape, symbols = _bounded_shape(value, bounds)
             makers = [made_by[s] for s in symbols if s in made_by]

@@ -90,9 +90,10 @@ def solve_groups(
     u = per.time + per.cut / bw
     v = per.cut / bw - per.time
 
-    pair_i, pair_j = _pairs(packed, per, upper_bound)
-    if pair_i is None:
+    pairs = _pairs(packed, per, upper_bound)
+    if pairs is None:
         return None
+    pair_i, pair_j = pairs
     limit = upper_bound * (1 + 1e-9)
     stage_time = u[pair_j] + v[pair_i]
     keep = stage_time <= limit
@@ -335,12 +336,12 @@ def _window_work(time: np.ndarray, upper_bound: float) -> int:
 
 def _pairs(
     packed: np.ndarray, per: _PerIdeal, upper_bound: float
-) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Every nested pair ``I ⊊ J`` whose stage could be no slower than ``upper_bound``."""
     m, words = packed.shape
     by_time, lo, hi = _windows(per.time, upper_bound)
     if int(((hi - lo) * words).sum()) > MAX_CONTAINMENT_WORDS:
-        return None, None
+        return None
     out_i: list[np.ndarray] = []
     out_j: list[np.ndarray] = []
     total = 0
@@ -351,7 +352,7 @@ def _pairs(
         found = cand[inside]
         total += len(found)
         if total > MAX_PAIRS:
-            return None, None
+            return None
         out_i.append(found)
         out_j.append(np.full(len(found), j, dtype=np.int32))
     return np.concatenate(out_i).astype(np.int32), np.concatenate(out_j).astype(np.int32)

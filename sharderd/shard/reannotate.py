@@ -62,9 +62,11 @@ def reapply_annotation(
     for _ in range(len(added) + 1):  # new nodes may feed each other: settle in a few sweeps
         pending = []
         for node in added:
-            before = [placed.get(nodes[producer[x]].name) for x in node.input if x in producer]
-            after = [placed.get(nodes[r].name) for o in node.output for r in readers.get(o, [])]
-            if None in before or (not before and None in after):
+            inputs = [nodes[producer[x]].name for x in node.input if x in producer]
+            outputs = [nodes[r].name for o in node.output for r in readers.get(o, [])]
+            before = [placed[n] for n in inputs if n in placed]
+            after = [placed[n] for n in outputs if n in placed]
+            if len(before) < len(inputs) or (not inputs and len(after) < len(outputs)):
                 pending.append(node)
                 continue
             if before:
