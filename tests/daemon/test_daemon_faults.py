@@ -4,7 +4,8 @@ outbox, and a burst of small models with inotify events lost. Nothing is lost, n
 The kill loop, the burst (the daemon's RSS) and the unwritable outbox (the daemon as another
 user) drive a real ``sharderd run`` process (``tests/daemon_helpers.py``); the rest run the service
 in the test's own event loop (``tests/daemon_served.py``). CI sizes by default;
-``SHARDERD_SOAK=1`` adds the full-size kill loop and ``SHARDERD_SLOW=1`` the 1,000-model burst.
+the kill loop's and the burst's tests are in ``test_daemon_soak.py`` (``SHARDERD_SOAK=1`` adds the
+full-size kill loop and ``SHARDERD_SLOW=1`` the 1,000-model burst).
 ``bench/daemon_soak.py`` runs both at full size and prints the table in BENCHMARKS.md. The kill loop
 and the burst are plain functions here (``kill_loop``, ``burst``) so that script can call them.
 
@@ -59,13 +60,6 @@ from sharderd.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="the daemon reads /proc and uses inotify"
-)
-
-run_soak = pytest.mark.skipif(
-    not os.environ.get("SHARDERD_SOAK"), reason="full size; set SHARDERD_SOAK=1 to run"
-)
-run_slow = pytest.mark.skipif(
-    not os.environ.get("SHARDERD_SLOW"), reason="slow; set SHARDERD_SLOW=1 to run"
 )
 
 INOTIFY_QUEUE = Path("/proc/sys/fs/inotify/max_queued_events")
@@ -544,24 +538,6 @@ def kill_loop(
     )
 
 
-def test_kill_9_loop_every_job_ends_exactly_once(tmp_path: Path) -> None:
-    """12 jobs (duplicates, compiles, a folder with external data), 4 × kill -9 at seeded random
-    moments: each job ends once, results equal a clean run's, no temp file or process is left."""
-    outcome = kill_loop(tmp_path, soak_jobs(12), kills=4, seed=7)
-    assert outcome.kills_mid_attempt >= 1
-    assert outcome.succeeded + outcome.duplicates == 12 and outcome.duplicates >= 1
-
-
-@pytest.mark.slow
-@run_soak
-def test_kill_9_loop_full_size(tmp_path: Path) -> None:
-    """The same at full size: 60 jobs, 25 × kill -9."""
-    outcome = kill_loop(
-        tmp_path, soak_jobs(60), kills=25, seed=int(os.environ.get("SHARDERD_SOAK_SEED", "1"))
-    )
-    assert outcome.succeeded + outcome.duplicates == 60
-
-
 def test_kill_9_mid_attempt_of_a_folder_job_with_external_data_resumes_it(tmp_path: Path) -> None:
     """A compile attempt hard-links the job's external data; after kill -9 mid-attempt the restart
     clears the attempt folder first, so the links it left are not mistaken for a dropper's."""
@@ -890,18 +866,3 @@ def burst(
         peak,
         samples,
     )
-
-
-def test_burst_of_150_models_each_processed_once_with_flat_memory(tmp_path: Path) -> None:
-    """150 models renamed in at once with the inotify queue lowered to 16: each processed exactly
-    once (the rescan finds what the lost events did not), and the daemon's RSS stays flat."""
-    outcome = burst(tmp_path, 150, distinct=15)
-    assert outcome.rss_end < outcome.rss_ready + FLAT_RSS_BYTES, outcome
-
-
-@pytest.mark.slow
-@run_slow
-def test_burst_of_1000_distinct_models(tmp_path: Path) -> None:
-    """The full burst: 1,000 different models at once, each processed once, RSS flat."""
-    outcome = burst(tmp_path, 1000, distinct=1000)
-    assert outcome.rss_end < outcome.rss_ready + FLAT_RSS_BYTES, outcome
