@@ -89,6 +89,12 @@ def planworker_hook(root: Path, code: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(hooks), str(REPO)])}
 
 
+def staged(root: Path, name: str, seed: int = 0, *, name_nodes: bool = True) -> Path:
+    """A finished model file ``root/models/<name>.onnx`` outside the inbox (same filesystem), ready
+    to be renamed in."""
+    return save_model(chain_model(seed, name_nodes=name_nodes), root / "models" / f"{name}.onnx")
+
+
 def drop(src: Path, inbox: Path, name: str | None = None) -> Path:
     """Move a finished file or folder into the inbox with one rename (how a careful writer delivers)."""
     dest = inbox / (name or src.name)

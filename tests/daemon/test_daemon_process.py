@@ -20,31 +20,19 @@ from pathlib import Path
 import pytest
 from daemon_helpers import (
     DaemonProcess,
-    chain_model,
     cpu_seconds,
     drop,
     marked_processes,
     planworker_hook,
     results,
     running,
-    save_model,
+    staged,
     write_config,
 )
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="the daemon reads /proc and uses inotify"
 )
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    (tmp_path / "models").mkdir()
-    return tmp_path
-
-
-def staged(root: Path, name: str, seed: int = 0, *, name_nodes: bool = True) -> Path:
-    """A finished model file outside the inbox (same filesystem), ready to be renamed in."""
-    return save_model(chain_model(seed, name_nodes=name_nodes), root / "models" / f"{name}.onnx")
 
 
 def outcome_names(daemon: DaemonProcess, event: str) -> list[str]:

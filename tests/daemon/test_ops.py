@@ -34,6 +34,7 @@ from daemon_helpers import (
     marked_processes,
     running,
     save_model,
+    staged,
     write_config,
 )
 from daemon_served import serving
@@ -51,12 +52,6 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    (tmp_path / "models").mkdir()
-    return tmp_path
-
-
-@pytest.fixture
 def strict_umask() -> Iterator[None]:
     """The systemd unit's UMask=0027, inherited by the daemon started inside the test."""
     old = os.umask(0o027)
@@ -64,10 +59,6 @@ def strict_umask() -> Iterator[None]:
         yield
     finally:
         os.umask(old)
-
-
-def staged(root: Path, name: str, seed: int = 0) -> Path:
-    return save_model(chain_model(seed), root / "models" / f"{name}.onnx")
 
 
 def poprt_config(root: Path, **daemon: Any) -> Path:

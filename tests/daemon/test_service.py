@@ -16,7 +16,16 @@ from pathlib import Path
 import anyio
 import onnx
 import pytest
-from daemon_helpers import chain_model, drop, planworker_hook, results, save_model, ts, write_config
+from daemon_helpers import (
+    chain_model,
+    drop,
+    planworker_hook,
+    results,
+    save_model,
+    staged,
+    ts,
+    write_config,
+)
 from daemon_served import Served, serving
 
 pytestmark = pytest.mark.skipif(
@@ -26,17 +35,6 @@ pytestmark = pytest.mark.skipif(
 run_slow = pytest.mark.skipif(
     not os.environ.get("SHARDERD_SLOW"), reason="slow; set SHARDERD_SLOW=1 to run"
 )
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    (tmp_path / "models").mkdir()
-    return tmp_path
-
-
-def staged(root: Path, name: str, seed: int = 0, *, name_nodes: bool = True) -> Path:
-    """A finished model file outside the inbox (same filesystem), ready to be renamed in."""
-    return save_model(chain_model(seed, name_nodes=name_nodes), root / "models" / f"{name}.onnx")
 
 
 def outcome_names(daemon: Served, event: str) -> list[str]:
