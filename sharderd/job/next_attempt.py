@@ -11,9 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sharderd.errors import (
-    PlanInfeasibleError,
-)
+from sharderd.errors import NoSplitError, PlanInfeasibleError
 from sharderd.job.attempts import AttemptRecord
 from sharderd.job.prover_state import MAX_ESCALATIONS, PERF_BAND, ProverState
 from sharderd.job.session import PlanRequest, ProbeRequest
@@ -38,7 +36,7 @@ async def _or_none(planned: Awaitable[AttemptRecord | None]) -> AttemptRecord | 
     """A candidate, or None when its model has no split (a variant, not a verdict)."""
     try:
         return await planned
-    except PlanInfeasibleError:
+    except NoSplitError:
         return None
 
 
@@ -138,7 +136,7 @@ class NextAttempt(ProverState):
         return record
 
     async def _next(self) -> AttemptRecord | None:
-        if self.fatal is not None or self.done:
+        if self.fatal is not None or self.done or self.proof is not None:
             return None
         if self.calibrate_pending:
             self.calibrate_pending = False
@@ -165,7 +163,10 @@ class NextAttempt(ProverState):
                 record = await self._candidate(
                     label, self.margin, self.scale, None, self.default_amp, self.state.content()
                 )
-            except PlanInfeasibleError as err:
+            except PlanInfeasibleError as proof:
+                self.proof = proof  # the weights alone: no compile can change it
+                return None
+            except NoSplitError as err:
                 record = None
                 if err.fits_without_margin and self.margin > 1.0 and not self.state.observations:
                     # Only the margin rules it out: the compiler, not the prior, should decide.
@@ -241,7 +242,8 @@ class NextAttempt(ProverState):
         )
 
     async def _probe(self) -> AttemptRecord | None:
-        """The node needing most of a device alone, compiled alone (``plan.probe``)."""
+        """The node needing most of a device alone, compiled alone at the lowest AMP the config
+        allows (``plan.probe``): an overflow there proves no split fits (``errors.GROUNDS``)."""
         if not self._may_probe():
             return None
         index = len(self.attempts)
@@ -257,7 +259,7 @@ class NextAttempt(ProverState):
         return AttemptRecord(
             index=index,
             label=f"probe: {what} alone on one device",
-            key=AttemptKey(plan["digest"], self.default_amp),
+            key=AttemptKey(plan["digest"], self.lowest_amp),
             margin=1.0,
             scale=tuple(plan["memory_scale"]),
             orders=None,
@@ -276,7 +278,7 @@ class NextAttempt(ProverState):
             shutil.rmtree(directory)
         return directory
 
-    async def _verdict_check(self, err: PlanInfeasibleError) -> AttemptRecord | None:
+    async def _verdict_check(self, err: NoSplitError) -> AttemptRecord | None:
         """The corrected model has no split: is that true of every model the compiles allow?
 
         Without any compile the planner's own proof stands. Otherwise plan with the model exactly
@@ -291,7 +293,7 @@ class NextAttempt(ProverState):
             planned = await self._plan(
                 margin=1.0, scale=estimate, content=content, orders=None, amp=self.default_amp
             )
-        except PlanInfeasibleError as settled:
+        except NoSplitError as settled:
             self.infeasible = settled
             return None
         if planned is None:  # its split was compiled already and ran out of memory
@@ -321,7 +323,7 @@ class NextAttempt(ProverState):
             spaced = await self._plan(
                 margin=1.0, scale=roomy, content=content, orders=None, amp=self.default_amp
             )
-        except PlanInfeasibleError:
+        except NoSplitError:
             spaced = None
         return await self._candidate(
             "verdict check: the model as measured, no margin",

@@ -27,7 +27,7 @@ from sharderd.errors import (
 from sharderd.job.attempts import AttemptRecord, ProveResult
 from sharderd.job.next_attempt import NextAttempt
 from sharderd.job.prover_state import Emit
-from sharderd.job.verdict import Verdict
+from sharderd.job.verdict import Verdict, probe_proof
 from sharderd.plan.search import (
     learn,
     observe,
@@ -61,7 +61,11 @@ class Prover(NextAttempt, Verdict):
         if record.probe is not None:
             # A probe teaches memory only: it is never a result, and a probe PopRT rejects
             # (an op that will not compile alone) says nothing about the plan.
-            if kind == "oom" and outcome.oom is not None and self.infeasible is None:
+            if kind == "oom" and record.key.amp <= self.lowest_amp:
+                self.proof = probe_proof(record, outcome, self.devices, self.target)
+                self.stop_reason = f"attempt {record.index} proved no split fits: {record.probe} alone ran out of memory"
+                self.done = True
+            elif kind == "oom" and outcome.oom is not None and self.infeasible is None:
                 self.need_base = True
             return
         if kind == "ok":
@@ -235,7 +239,10 @@ class Prover(NextAttempt, Verdict):
                 )
                 if self.done:
                     for other in self.running.values():
-                        other.cancelled_because = f"attempt {record.index} compiled first and no running attempt can beat it"
+                        other.cancelled_because = (
+                            self.stop_reason
+                            or f"attempt {record.index} compiled first and no running attempt can beat it"
+                        )
                         other.scope.cancel()
                     self.running.clear()
                     break

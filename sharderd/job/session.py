@@ -25,6 +25,8 @@ from sharderd.errors import (
     ConfigError,
     DimsUnresolvedError,
     ModelInvalidError,
+    NoSplitError,
+    NotProvenError,
     OutputWriteError,
     PlanInfeasibleError,
     SharderdError,
@@ -200,15 +202,27 @@ def error_from_dict(data: Mapping[str, Any]) -> SharderdError:
     reason = data.get("reason")
     message = str(data.get("message", "planning failed"))
     hint = data.get("hint")
-    if reason == PlanInfeasibleError.reason:
-        return PlanInfeasibleError(
-            message,
-            hint=hint,
-            device=data.get("device"),
-            short_bytes=data.get("short_bytes"),
-            min_devices=data.get("min_devices"),
-            fits_without_margin=bool(data.get("fits_without_margin", False)),
-        )
+    if reason in (PlanInfeasibleError.reason, NotProvenError.reason):
+        fields: dict[str, Any] = {
+            "hint": hint,
+            "device": data.get("device"),
+            "short_bytes": data.get("short_bytes"),
+            "min_devices": data.get("min_devices"),
+        }
+        error: NoSplitError
+        if reason == PlanInfeasibleError.reason:
+            grounds = data.get("grounds")
+            if grounds is None:  # a proof the worker did not name: no proof at all
+                error = NotProvenError(message, **fields)
+            else:
+                error = PlanInfeasibleError(message, grounds=str(grounds), **fields)
+        else:
+            error = NotProvenError(message, **fields)
+        error.fits_without_margin = bool(data.get("fits_without_margin", False))
+        error.node = data.get("node")
+        error.node_need = float(data.get("node_need") or 0.0)
+        error.node_activation_share = float(data.get("node_activation_share") or 0.0)
+        return error
     if reason == DimsUnresolvedError.reason:
         dims = tuple((str(i), int(a), str(n)) for i, a, n in data.get("dims", []))
         return DimsUnresolvedError(message, hint=hint, dims=dims)

@@ -1,19 +1,46 @@
-"""How a finished search ends: the kept plan, or an error that says what the compiles showed."""
+"""How a finished search ends: the kept plan, a proof that no split fits (exit 3), or "no fitting
+split found (not proven)" (exit 5) with what was tried and what the compiles showed."""
 
 from __future__ import annotations
 
+from sharderd.backends.protocol import AttemptOutcome
 from sharderd.errors import (
     CompileFailedError,
+    ConfigError,
+    NoSplitError,
+    NotProvenError,
     PlanInfeasibleError,
 )
 from sharderd.job.attempts import AttemptRecord, ProveResult
 from sharderd.job.prover_state import ProverState
+from sharderd.target import Target
 from sharderd.units import fmt_bytes
 
-__all__ = ["Verdict"]
+__all__ = ["Verdict", "probe_proof"]
 
 FEWEST_EXTRA = 8
-"""How many devices beyond the request a "does not fit" looks for a split on."""
+"""How many devices beyond the request the hint of a "not proven" looks for a split on."""
+
+
+def probe_proof(
+    record: AttemptRecord, outcome: AttemptOutcome, devices: int, target: Target
+) -> PlanInfeasibleError:
+    """Ground (c): one node compiled alone on one device at the lowest AMP ran out of memory."""
+    oom = outcome.oom
+    worst = ""
+    if oom is not None and oom.bytes_used is not None and target.bytes_per_tile:
+        worst = f" (worst tile {fmt_bytes(oom.bytes_used)} of {fmt_bytes(oom.tile_bytes or target.bytes_per_tile)})"
+    error = PlanInfeasibleError(
+        f"the model does not fit on {devices} × {target.name}: {record.probe} compiled alone on one "
+        f"device at available_memory_proportion {record.key.amp:g} (attempt {record.index}) ran out "
+        f"of memory{worst}, and every split holds it on some device, so no number of devices helps",
+        grounds="probe",
+        hint="reduce batch_size or the op's size, or use a target with more memory",
+        device=None if oom is None else oom.device,
+    )
+    name = record.probe or ""
+    error.node = name.removeprefix("node ").strip("'\"") or None
+    return error
 
 
 class Verdict(ProverState):
@@ -23,16 +50,11 @@ class Verdict(ProverState):
             return ProveResult(best, tuple(self.attempts))
         if self.fatal is not None:
             raise self.fatal
+        if self.proof is not None:
+            raise self.proof
         ooms = [a for a in self.attempts if a.outcome is not None and a.outcome.outcome == "oom"]
-        if self.infeasible is not None:
-            raise await self._does_not_fit(ooms)
-        if ooms:
-            raise CompileFailedError(
-                f"no plan fitted in {len(self.attempts)} compile(s) on {self.devices} × {self.target.name} "
-                f"({len(ooms)} ran out of memory); the corrected model still allows splits, so this is not "
-                "a proof that the model does not fit",
-                hint=f"rerun with --max-attempts {self.max_attempts * 2} or --devices {self.devices + 1}",
-            )
+        if self.infeasible is not None or ooms:
+            raise await self._not_proven(ooms)
         outcomes = ", ".join(
             f"#{a.index} {a.outcome.outcome if a.outcome else 'cancelled'}" for a in self.attempts
         )
@@ -45,61 +67,46 @@ class Verdict(ProverState):
             hint="see report.json attempts[] for each outcome; raise attempt_timeout if compiles time out",
         )
 
-    async def _does_not_fit(self, ooms: list[AttemptRecord]) -> PlanInfeasibleError:
-        """The settled verdict, from the model that settled it: never a count that contradicts it."""
-        assert self.infeasible is not None
-        if not ooms:
-            return self.infeasible  # the planner's own proof, before any compile
+    async def _not_proven(self, ooms: list[AttemptRecord]) -> NotProvenError:
+        """What was tried, what the compiles showed, and the device count they suggest."""
+        settled = self.infeasible
+        if not ooms and settled is not None:
+            return NotProvenError(  # the planner's estimate, before any compile
+                settled.message, hint=settled.hint, min_devices=settled.min_devices
+            )
+        base = (
+            f"no fitting split found on {self.devices} × {self.target.name} (not proven): "
+            f"{len(self.attempts)} compile(s), {len(ooms)} ran out of memory"
+        )
         worst = ooms[-1]
         oom = worst.outcome.oom if worst.outcome else None
-        device = oom.device if oom else None
         over = ""
         if oom is not None and oom.bytes_used is not None and self.target.bytes_per_tile:
             over = f" (worst tile {fmt_bytes(oom.bytes_used)} of {fmt_bytes(oom.tile_bytes or self.target.bytes_per_tile)})"
-        base = f"the model does not fit on {self.devices} × {self.target.name}: {len(ooms)} compile(s) ran out of memory"
-        where = f", last on device {device}{over}" if device is not None else ""
+        where = f", last on device {oom.device}{over}" if oom is not None else ""
         if worst.probe is not None:
             where = f", last {worst.probe} compiled alone on one device{over}"
-        settled = self.infeasible
-        short = ""
-        if (
-            settled.device is not None
-            and settled.short_bytes is not None
-            and settled.short_bytes > 0
-        ):
-            short = f": device {settled.device} would be short by {fmt_bytes(settled.short_bytes)}"
-        why = (
-            "; no split fits the memory model that reproduces every compile, even without a safety margin"
-            + short
-        )
-        if settled.node is not None:  # no number of devices helps: do not look for one
-            probed = next((a for a in ooms if a.probe == f"node {settled.node!r}"), None)
-            alone = (
-                f" (compiled alone on one device in attempt {probed.index}, it ran out of memory)"
-                if probed is not None and probed is not worst
-                else ""
-            )
-            why += (
-                f": node {settled.node!r} alone needs {settled.node_need:.2f}× a device under it"
-                f"{alone}, so no number of devices helps"
-            )
-            min_devices, more, hint = None, "", settled.hint
+        if settled is None:
+            why = f"; the compile budget ({self.max_attempts}) is spent"
         else:
-            min_devices = await self._fewest_devices()
-            more = (
-                f" Under that correction {min_devices} devices have a split." if min_devices else ""
-            )
-            hint = (
-                f"rerun with --devices {min_devices}"
-                if min_devices
-                else f"no split fits that model on up to {self.devices + FEWEST_EXTRA} devices either: "
-                "reduce the batch or the model, or use a target with more memory"
-            )
-        return PlanInfeasibleError(
+            why = "; no split fits the memory model fitted to these compiles (an estimate: not a proof)"
+            if settled.node is not None:
+                why += f", under which node {settled.node!r} alone needs {settled.node_need:.2f}× a device"
+        min_devices = await self._fewest_devices()
+        more = (
+            f" The measurements suggest {min_devices} devices." if min_devices is not None else ""
+        )
+        hint = (
+            f"rerun with --devices {min_devices}"
+            if min_devices is not None
+            else f"no split fits the fitted model on up to {self.devices + FEWEST_EXTRA} devices either: "
+            "reduce the batch or the model, or use a target with more memory"
+        )
+        return NotProvenError(
             base + where + why + self.settle_note + "." + more,
             hint=hint,
-            device=device,
-            short_bytes=settled.short_bytes,
+            device=None if oom is None else oom.device,
+            short_bytes=None if settled is None else settled.short_bytes,
             min_devices=min_devices,
         )
 
@@ -112,7 +119,9 @@ class Verdict(ProverState):
                 await self.session.plan(
                     self._request(1.0, scale, None, None, devices, content=content)
                 )
-            except PlanInfeasibleError:
+            except NoSplitError:
                 continue
+            except ConfigError:  # more devices than the model has nodes
+                break
             return devices
         return None

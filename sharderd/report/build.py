@@ -114,7 +114,9 @@ def report_dict(
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``status``: ``planned``, ``not_compiled`` (backend none), ``compiled``, ``failed``,
-    ``does_not_fit``; ``plan`` is a ``plan_section``."""
+    ``does_not_fit`` (proven), ``not_proven`` (no fitting split found, not proven); ``plan`` is a
+    ``plan_section``. ``verdict`` says, for a job that ended without a split, whether that is
+    proven and on which of ``errors.GROUNDS`` (None otherwise)."""
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "sharderd_version": __version__,
@@ -130,6 +132,9 @@ def report_dict(
         "timings_s": dict(timings_s or {}),
         "warnings": list(warnings),
         "error": None if error is None else dict(error),
+        "verdict": None
+        if error is None or "proven" not in error
+        else {"proven": bool(error["proven"]), "grounds": error.get("grounds")},
     }
     if extra:
         report.update(extra)
