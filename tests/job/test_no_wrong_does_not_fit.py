@@ -25,9 +25,9 @@ import onnx
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from job.test_prove import CONFIG, FAKE, TILES, report, shard
 from onnx import helper
 
-from job.test_prove import CONFIG, FAKE, TILES, report, shard
 from sharderd import examples
 
 TILE_BYTES = 638976
@@ -117,7 +117,7 @@ class Witness:
         for stage in range(devices - 1):
             last = len(order) - (devices - 1 - stage)  # leave a node for every later stage
 
-            def fits(end: int, stage: int = stage) -> bool:
+            def fits(end: int, stage: int = stage, start: int = start) -> bool:
                 trial = list(ipus)
                 for k in order[start:end]:
                     trial[k] = stage
