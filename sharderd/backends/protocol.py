@@ -94,8 +94,6 @@ class AttemptOutcome:
     message: str = ""
     artifact: str | None = None
     oom: OomInfo | None = None
-    device_memory: tuple[int, ...] | None = None
-    """Bytes used per device where the compiler reports it."""
     benchmark: BenchmarkResult | None = None
     returncode: int | None = None
     signal: int | None = None
@@ -120,8 +118,7 @@ class AttemptOutcome:
             bench = dict(values["benchmark"])
             bench["stage_times_s"] = tuple(bench.get("stage_times_s", ()))
             values["benchmark"] = BenchmarkResult(**bench)
-        if values.get("device_memory") is not None:
-            values["device_memory"] = tuple(int(x) for x in values["device_memory"])
+        values.pop("device_memory", None)  # written by older versions; no backend ever set it
         return cls(**values)
 
     def write(self, path: Path) -> None:

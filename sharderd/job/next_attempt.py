@@ -26,6 +26,7 @@ from sharderd.plan.search import (
     amp_closing,
     amp_for_plan,
     amp_retry,
+    amp_saving,
     stage_views,
 )
 
@@ -406,7 +407,7 @@ class NextAttempt(ProverState):
         self, stage: StageView, need: float, amp: float, attempt: int, named: Observation
     ) -> str:
         lowest = min(self.config.search.amp_fallbacks, default=amp)
-        share = stage.activation_share * (1 - lowest / amp) if amp else 0.0
+        share = amp_saving(need, stage.activation_share, amp, lowest) / need if need else 0.0
         where = f"device {stage.device}'s worst tile"
         if named.device != stage.device:
             # Not what this compile measured: carried over from an overflow of mostly its nodes.
@@ -415,8 +416,8 @@ class NextAttempt(ProverState):
                 "mostly the same nodes measured it)"
             )
         return (
-            f"; a lower available_memory_proportion was not tried: the conv/matmul temporaries it bounds are at most "
-            f"{share * 100:.0f}% of {where} even at {lowest:g}, "
+            f"; a lower available_memory_proportion was not tried: it caps conv/matmul temporaries per "
+            f"tile, and even at {lowest:g} it can take at most {share * 100:.0f}% off {where}, "
             f"the gap is {(need - 1) / need * 100:.0f}%"
         )
 

@@ -54,8 +54,6 @@ class Prover(NextAttempt, Verdict):
                 amp=record.key.amp,
                 oom=outcome.oom,
                 tile_bytes=self.target.bytes_per_tile,
-                device_memory=outcome.device_memory,
-                device_capacity=self.target.memory_bytes,
             )
             self.state, record.correction = learn(self.state, record.key, new, views)
         if record.probe is not None:

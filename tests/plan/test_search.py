@@ -28,8 +28,10 @@ from sharderd.plan.observations import (
 from sharderd.plan.oom import OomInfo
 from sharderd.plan.search import (
     SearchState,
+    amp_closing,
     amp_for_plan,
     amp_retry,
+    amp_saving,
     learn,
     stage_need,
 )
@@ -136,17 +138,6 @@ def test_estimate_reproduces_every_oom_even_within_the_noise() -> None:
     assert smaller < 1.0
 
 
-def test_a_later_fit_with_headroom_brings_its_nodes_down_but_not_an_overflow() -> None:
-    obs = [oom(0, stage(0, 0.6, 0, 100), 1.2)]
-    high = factors(obs)
-    obs.append(Observation(1, stage(0, 0.5, 50, 150), True, 0.6, 0.6))
-    f = factors(obs)
-    assert (f[:100] == high[:100]).all()  # the overflow stays reproduced
-    assert abs(f[120] - 0.6 / 0.5 * HEADROOM) < 1e-9  # measured where no overflow was
-    obs.append(Observation(2, stage(1, 0.8, 200, 300), True, 0.4, 0.6))
-    assert factors(obs)[250] < 1.0  # a fit with room to spare lowers its nodes below the prior
-
-
 def test_hypothesis_gives_the_worst_factor_to_unmeasured_nodes_only_when_it_changes_something() -> (
     None
 ):
@@ -187,11 +178,24 @@ def test_a_verdict_check_leaves_room_for_the_nodes_no_compile_measured() -> None
     assert cautious(content_model([], amp=0.6, estimate=True)) is None
 
 
+def test_a_lower_cap_helps_only_where_temporaries_were_above_it() -> None:
+    """PopART's AMP is a per-tile cap on conv/matmul temporaries: lowering it from 0.6 to 0.3
+    takes nothing off a tile whose temporaries (at most its activations) were under 0.3, and never
+    more than the old cap allowed them; not the fake's linear a/amp shrink."""
+    assert amp_saving(1.05, 0.2, 0.6, 0.3) == 0.0  # 0.21 of the tile: already under 0.3
+    assert abs(amp_saving(1.05, 0.2, 0.6, 0.1) - 0.11) < 1e-12
+    assert (
+        abs(amp_saving(2.0, 0.9, 0.6, 0.3) - 0.3) < 1e-12
+    )  # capped at 0.6 before: 0.3 off at most
+    assert amp_closing(1.05, 0.2, 0.6, (0.3, 0.1)) == 0.1
+    assert amp_closing(1.2, 0.2, 0.6, (0.3, 0.1)) is None  # 0.11 off cannot close a 0.2 gap
+
+
 def test_an_amp_retry_closes_every_gap_the_compiles_know_not_only_the_named_one() -> None:
     """Recorded (transformer, largest op on 40% of tiles, 4 devices): the plan's OOM named device 0
     at 1.024; the verdict check's device 1, holding mostly the plan's device-1 nodes, measured
-    1.134. AMP 0.3 closes device 0's gap but not what those nodes need on device 1, so the retry
-    goes to 0.1 at once (the 0.3 compile ran out of memory on device 1; 0.1 fitted)."""
+    1.134. A level that closes device 0's gap is not tried when those nodes need more on device 1
+    than any level can take off."""
     plan = (
         stage(0, 0.851, 0, 75, act=0.131, code=0.377),
         stage(1, 0.921, 75, 152, act=0.121, code=0.357),
@@ -199,15 +203,13 @@ def test_an_amp_retry_closes_every_gap_the_compiles_know_not_only_the_named_one(
         stage(3, 0.885, 235, 308, act=0.126, code=0.353),
     )
     obs = [oom(0, plan[0], 1.024), oom(1, stage(1, 0.943, 88, 166, act=0.118, code=0.354), 1.134)]
-    assert amp_retry(obs[0], 0.6, (0.3, 0.1)) == 0.3
+    assert amp_retry(obs[0], 0.6, (0.3, 0.1)) == 0.1  # its temporaries (≤ 0.134) are under 0.3
     need = stage_need(plan[1], 0, obs, 0.6)
     assert 1.0 < need < 1.134  # carried over with the noise in the model's favour
     assert stage_need(plan[0], 0, obs, 0.6) == 1.024  # its own measurement
     assert stage_need(plan[2], 0, obs, 0.6) == plan[2].predicted  # nothing measured it
-    assert amp_for_plan(plan, 0, obs, 0.6, (0.3, 0.1)) == (0.1, None, 0.0)
-    level, deciding, gap = amp_for_plan(plan, 0, obs, 0.6, (0.3,))
-    assert level is None and deciding == plan[1] and gap == need
-    assert amp_for_plan(plan, 0, obs[:1], 0.6, (0.3, 0.1))[0] == 0.3
+    assert amp_for_plan(plan, 0, obs, 0.6, (0.3, 0.1)) == (None, plan[1], need)
+    assert amp_for_plan(plan, 0, obs[:1], 0.6, (0.3, 0.1))[0] == 0.1
     assert amp_for_plan(plan, 0, [], 0.6, (0.3, 0.1)) == (None, None, 0.0)
     numberless = [Observation(0, plan[0], False, None, 0.6)]
     assert stage_need(plan[0], 0, numberless, 0.6) == UNKNOWN_OVER
