@@ -27,7 +27,8 @@ from sharderd.errors import (
 from sharderd.job.attempts import AttemptRecord, ProveResult
 from sharderd.job.next_attempt import NextAttempt
 from sharderd.job.prover_state import Emit
-from sharderd.job.verdict import Verdict, probe_proof
+from sharderd.job.session import PlanRequest
+from sharderd.job.verdict import ending, fewest_devices, probe_proof
 from sharderd.plan.search import (
     learn,
     observe,
@@ -37,7 +38,7 @@ from sharderd.plan.search import (
 __all__ = ["AttemptRecord", "Emit", "ProveResult", "Prover"]
 
 
-class Prover(NextAttempt, Verdict):
+class Prover(NextAttempt):
     """One job's search: starts attempts, hands each outcome to the policy, stops as early as it can."""
 
     # -- outcomes --------------------------------------------------------------------------
@@ -192,7 +193,24 @@ class Prover(NextAttempt, Verdict):
             failure = failed.error
         if failure is not None:
             raise failure
-        return await self._result()
+        estimate, content = self.state.scales(), self.state.estimate_content()
+
+        def measured(devices: int) -> PlanRequest:
+            scale = (*estimate, *(1.0,) * (devices - self.devices))
+            return self._request(1.0, scale, None, None, devices, content=content)
+
+        return await ending(
+            self.attempts,
+            self._best_ok(),
+            fatal=self.fatal,
+            proof=self.proof,
+            settled=self.infeasible,
+            note=self.settle_note,
+            devices=self.devices,
+            target=self.target,
+            max_attempts=self.max_attempts,
+            fewest=lambda: fewest_devices(self.session, measured, self.devices),
+        )
 
     async def _loop(
         self,

@@ -91,7 +91,7 @@ def solve_groups(
     v = per.cut / bw - per.time
 
     pair_i, pair_j = _pairs(packed, per, upper_bound)
-    if pair_i is None:
+    if pair_i is None or pair_j is None:
         return None
     limit = upper_bound * (1 + 1e-9)
     stage_time = u[pair_j] + v[pair_i]
