@@ -290,6 +290,18 @@ def test_node_larger_than_a_device_has_no_device_count(
         assert info.value.short_bytes is not None and info.value.short_bytes > 0
 
 
+def test_plan_exits_3_only_on_the_weights_and_5_on_the_estimate(
+    model_path: Callable[..., Path], tmp_path: Path, run_cli: Run
+) -> None:
+    """`sharderd plan` (no compile): the weights alone over the devices is exit 3; weights and
+    code × margin over them, the weights alone not, is exit 5 ("not proven")."""
+    for memory, code in ((_WEIGHTS_OVER_TWO, EXIT_DOES_NOT_FIT), (_TINY, EXIT_NOT_PROVEN)):
+        config = _tiny_config(tmp_path, memory=memory)
+        proc = run_cli("plan", _fat_transformer(model_path), "-n", "2", "-c", config, "-t", "tiny")
+        assert proc.returncode == code, proc.stderr
+        assert ("not proven" in proc.stderr) is (code == EXIT_NOT_PROVEN)
+
+
 def test_cli_exit_3_when_the_model_does_not_fit(
     model_path: Callable[..., Path], tmp_path: Path, run_cli: Run
 ) -> None:
