@@ -197,10 +197,26 @@ class NextAttempt(ProverState):
 
     async def _speculative(self) -> AttemptRecord | None:
         """A variant for a free pool slot: a probe of the node most at risk alone; a larger margin
-        before any OOM."""
+        before any OOM, the systemic guess after."""
         probe = await self._probe()
         if probe is not None:
             return probe
+        if self.hypothesis_pending:
+            self.hypothesis_pending = False
+            guess = self.state.hypothesis()
+            if guess is not None:
+                record = await _or_none(
+                    self._candidate(
+                        "speculative: every node as corrected as the worst",
+                        self.margin,
+                        self.scale,
+                        None,
+                        self.default_amp,
+                        guess,
+                    )
+                )
+                if record is not None:
+                    return record
         if self.spec_margins and not self.state.observations:
             margin = self.spec_margins.pop(0)
             record = await _or_none(

@@ -81,6 +81,7 @@ class Prover(NextAttempt):
         elif kind == "oom" and outcome.oom is not None:
             if record.key.amp == self.default_amp and self.infeasible is None:
                 self.need_base = True
+                self.hypothesis_pending = True
         elif kind == "invalid":
             if outcome.cause == "verification":
                 self.fatal = VerificationError(outcome.message)

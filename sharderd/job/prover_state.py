@@ -88,6 +88,7 @@ class ProverState:
         self.running: dict[int, AttemptRecord] = {}
         self.need_base = True
         self.spec_margins = list(config.search.speculative_margins)
+        self.hypothesis_pending = False
         self.perf_variants: list[tuple[float, tuple[str, ...] | None]] | None = None
         self.lowest_amp = (
             min((self.default_amp, *config.search.amp_fallbacks)) if backend == "poprt" else 0.0

@@ -21,20 +21,25 @@ __all__ = [
     "HEADROOM",
     "HOPELESS",
     "OOM_FLOOR",
+    "SYSTEMIC_AGREEMENT",
+    "SYSTEMIC_CAP",
     "UNKNOWN_OVER",
-    "UNMEASURED_CAP",
     "UNMEASURED_SHARE",
     "cautious",
     "content_model",
+    "hypothesis",
     "stage_factor",
+    "systemic_ratio",
 ]
 
 HEADROOM = 1.05
 """Corrected sizes aim this much over what the compiler measured, so the re-plan has slack."""
 UNKNOWN_OVER = 1.25
 """An OOM without bytes is taken as a worst tile this far over capacity."""
-UNMEASURED_CAP = 2.0
-"""The verdict check's room for nodes no compile measured never assumes more than this factor."""
+SYSTEMIC_AGREEMENT = 1.2
+"""Factors of stages with different contents within this factor of each other are "the same"."""
+SYSTEMIC_CAP = 2.0
+"""A systemic factor never exceeds this: it is a guess for nodes no compile has measured."""
 FIT_MIN_OVERLAP = 0.5
 """Stages sharing less than this share of the smaller one's nodes count as different contents."""
 FIT_MIN_MEASURED_SPREAD = 0.03
@@ -72,6 +77,34 @@ def _measured(o: Observation) -> float:
 
 def _at(observations: Sequence[Observation], amp: float) -> list[Observation]:
     return [o for o in observations if o.amp == amp and o.stage is not None and o.stage.nodes()]
+
+
+def systemic_ratio(observations: Sequence[Observation], *, amp: float) -> float | None:
+    """The shared factor of overflows with different contents, when they agree; else None.
+
+    Two stages that ran out of memory with (mostly) different nodes and the same factor within
+    ``SYSTEMIC_AGREEMENT`` make one systemic factor, the smaller of them, bounded by
+    ``SYSTEMIC_CAP``: a guess for nodes no compile measured, given once (never compounded).
+    """
+    ooms = [o for o in _at(observations, amp) if not o.fits and o.measured is not None]
+    distinct: list[tuple[Observation, float]] = []
+    for o in sorted(ooms, key=lambda o: o.attempt):
+        assert o.stage is not None
+        factor = stage_factor(o, _measured(o))
+        same = [
+            i
+            for i, (d, _) in enumerate(distinct)
+            if d.stage is not None and d.stage.overlap(o.stage) >= FIT_MIN_OVERLAP
+        ]
+        if same:  # a shrunk or grown version of a stage already counted: keep the larger
+            i = same[0]
+            distinct[i] = (o, max(factor, distinct[i][1]))
+        else:
+            distinct.append((o, factor))
+    factors = [f for _, f in distinct]
+    if len(factors) >= 2 and max(factors) / min(factors) <= SYSTEMIC_AGREEMENT:
+        return min(min(factors), SYSTEMIC_CAP)
+    return None
 
 
 def content_model(
@@ -112,7 +145,11 @@ def content_model(
             if o.stage is not None and not o.fits and aim(_measured(o)) < OOM_FLOOR
         )
     fixed = tuple((c.nodes, c.fixed) for c in chains if c.fixed > 0)
-    return ContentCorrection(1.0, patches, tuple(measured), fixed, fixed_on_heaviest=estimate)
+    systemic = systemic_ratio(observations, amp=amp)
+    base = 1.0
+    if systemic is not None and systemic > 1.0:
+        base = max(1.0, systemic * (1.0 - FIT_MIN_MEASURED_SPREAD) if estimate else systemic)
+    return ContentCorrection(base, patches, tuple(measured), fixed, fixed_on_heaviest=estimate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,14 +212,29 @@ def _nested(
     return (difference, dm / rest, inner) if difference else None
 
 
+def hypothesis(observations: Sequence[Observation], *, amp: float) -> ContentCorrection | None:
+    """A speculative variant: the largest overflow factor seen given to every unmeasured node.
+
+    Not a belief (one stage's factor says nothing certain of other nodes) but a cheap bet for a
+    free pool slot, bounded by ``SYSTEMIC_CAP``. None when it would change nothing.
+    """
+    model = content_model(observations, amp=amp)
+    if not model.patches or model.base > 1.0:
+        return None
+    guess = min(max(f for _, f in model.patches), SYSTEMIC_CAP)
+    if guess <= 1.0:
+        return None
+    return replace(model, base=guess)
+
+
 def cautious(model: ContentCorrection) -> ContentCorrection | None:
     """``model`` with the nodes no compile measured (its ``base``) taken ``UNMEASURED_SHARE`` of
-    the way to its worst factor (bounded by ``UNMEASURED_CAP``); None when that changes nothing.
+    the way to its worst factor (bounded by ``SYSTEMIC_CAP``); None when that changes nothing.
 
     Every factor only grows, so a split that fits this fits ``model`` too: a verdict check chosen
     under it is still one the model as measured allows, with room where the compiles saw nothing.
     """
-    worst = min(model.peak(), UNMEASURED_CAP)
+    worst = min(model.peak(), SYSTEMIC_CAP)
     guess = model.base * (worst / model.base) ** UNMEASURED_SHARE
     if guess <= model.base * (1.0 + 1e-9):
         return None

@@ -17,14 +17,14 @@ import numpy as np
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.bounds import memory_floor
 from sharderd.plan.infeasible import activation_bytes
+from sharderd.plan.memory_model import SYSTEMIC_CAP
 from sharderd.target import Target
 
 __all__ = ["PROBE_MIN_NEED", "ProbeTarget", "probe_target"]
 
-PROBE_MIN_NEED = 0.5
-"""Probe a node only when the model says it needs at least this share of a device alone: a node
-under half a device would need the compiler to more than double its size to overflow alone, and
-a probe is a compile."""
+PROBE_MIN_NEED = 1.0 / SYSTEMIC_CAP
+"""Probe a node only when the model says it needs at least this share of a device alone: below
+it, not even a systemic factor at its cap would make it overflow alone."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,9 @@ the last correction), so a factor can come down as well as up:
   overflowed stage's nodes carry the factor that reproduces its measurement wherever a re-plan
   puts them (code, a per-node constant, excepted), so the overflowing layers cannot simply move
   to a device without evidence and be compiled again;
-- nodes no compile measured keep their predicted size: one stage's factor says nothing certain
-  of other nodes (only the verdict check leaves them room, ``memory_model.cautious``);
+- overflows of different contents with the same factor (within ``SYSTEMIC_AGREEMENT``) make one
+  systemic factor for the nodes no compile measured, bounded by the smaller and by
+  ``SYSTEMIC_CAP``, given once;
 - the search gives up (exit 5, "not proven") when the model *as measured*
   (``SearchState.estimate_content``: every OOM it comes from reproduced, no margin, no headroom,
   the noise in the model's favour) has no split either, and no AMP level can close the gap of
@@ -31,9 +32,13 @@ from sharderd.plan.memory_model import (
     FIT_MIN_MEASURED_SPREAD,
     FIT_MIN_OVERLAP,
     HEADROOM,
+    SYSTEMIC_AGREEMENT,
+    SYSTEMIC_CAP,
     UNKNOWN_OVER,
     content_model,
+    hypothesis,
     stage_factor,
+    systemic_ratio,
 )
 from sharderd.plan.observations import (
     AttemptKey,
@@ -47,6 +52,8 @@ from sharderd.plan.observations import (
 __all__ = [
     "FIT_MIN_MEASURED_SPREAD",
     "HEADROOM",
+    "SYSTEMIC_AGREEMENT",
+    "SYSTEMIC_CAP",
     "AttemptKey",
     "ContentCorrection",
     "Correction",
@@ -184,6 +191,9 @@ class SearchState:
         """The correction as measured, for the verdict: no headroom, noise in the model's favour."""
         return content_model(self.observations, amp=self.default_amp, estimate=True)
 
+    def hypothesis(self) -> ContentCorrection | None:
+        return hypothesis(self.observations, amp=self.default_amp)
+
     def blind(self) -> int:
         """Out-of-memory reports at the default AMP that named no device."""
         return sum(1 for o in self.observations if o.stage is None and o.amp == self.default_amp)
@@ -209,6 +219,9 @@ class SearchState:
     def describe(self, amp: float | None = None) -> str:
         amp = self.default_amp if amp is None else amp
         parts = [f"node factors {self.content(amp).describe()}"]
+        systemic = systemic_ratio(self.observations, amp=amp)
+        if systemic is not None:
+            parts.append(f"systemic factor {systemic:.3g} from overflows of different contents")
         if self.blind():
             parts.append(
                 f"{self.blind()} numberless OOM(s): ×{UNKNOWN_OVER ** self.blind():.3g} everywhere"

@@ -10,12 +10,14 @@ from sharderd.plan.memory_model import (
     HEADROOM,
     HOPELESS,
     OOM_FLOOR,
+    SYSTEMIC_CAP,
     UNKNOWN_OVER,
-    UNMEASURED_CAP,
     UNMEASURED_SHARE,
     cautious,
     content_model,
+    hypothesis,
     stage_factor,
+    systemic_ratio,
 )
 from sharderd.plan.observations import (
     AttemptKey,
@@ -71,19 +73,27 @@ def test_evidence_follows_the_nodes_not_the_device_index() -> None:
     ]
     later = factors(obs)
     assert np.allclose(later[:100], first[:100])
+    assert systemic_ratio(obs, amp=0.6) is None  # 1.657, 2.1 and 1.3 are not one ratio
     assert (later[100:300] == 1.0).all() and (later[600:] == 1.0).all()
     moved = factors([oom(0, stage(4, 0.6), 0.6 * 1.657)])  # the same layers on device 4
     assert np.array_equal(moved, first)
 
 
-def test_nodes_no_compile_measured_keep_their_size_even_when_overflows_agree() -> None:
-    """Two overflows of different layers with the same factor say nothing certain of a third: its
-    nodes are planned at their predicted size (no systemic guess)."""
-    obs = [oom(0, stage(0, 0.6), 0.6 * 1.40), oom(1, stage(2, 0.6, 200, 300), 0.6 * 1.45)]
-    f = factors(obs)
-    assert content_model(obs, amp=0.6).base == 1.0
-    assert (f[100:200] == 1.0).all() and (f[300:] == 1.0).all()
-    assert f[:100].min() > 1.0 and f[200:300].min() > 1.0
+def test_same_factor_on_different_contents_is_one_bounded_systemic_factor() -> None:
+    obs = [oom(0, stage(0, 0.6), 0.6 * 1.40), oom(1, stage(2, 0.6, 200, 300), 0.6 * 1.50)]
+    assert abs((systemic_ratio(obs, amp=0.6) or 0) - 1.40) < 1e-9
+    base = content_model(obs, amp=0.6).base
+    again = [*obs, oom(2, stage(0, 0.5, 0, 80), 0.5 * 1.40)]  # a shrunk stage 0: same contents
+    assert content_model(again, amp=0.6).base == base  # applied once, not compounded
+    assert factors(again)[400] == base
+    huge = [oom(0, stage(0, 0.3), 0.3 * 3.0), oom(1, stage(2, 0.3, 200, 300), 0.3 * 3.2)]
+    assert systemic_ratio(huge, amp=0.6) == SYSTEMIC_CAP
+
+
+def test_a_shrunk_stage_is_not_a_second_opinion() -> None:
+    """Two overflows of (mostly) the same nodes are one piece of evidence, not a systemic one."""
+    obs = [oom(0, stage(0, 0.8, 0, 80), 1.2), oom(1, stage(1, 0.6, 10, 70), 1.1)]
+    assert systemic_ratio(obs, amp=0.6) is None
 
 
 def test_noise_never_makes_a_hopeless_factor() -> None:
@@ -128,6 +138,17 @@ def test_estimate_reproduces_every_oom_even_within_the_noise() -> None:
     assert smaller < 1.0
 
 
+def test_hypothesis_gives_the_worst_factor_to_unmeasured_nodes_only_when_it_changes_something() -> (
+    None
+):
+    assert hypothesis([], amp=0.6) is None
+    obs = [oom(0, stage(0, 0.6), 0.6 * 1.5)]
+    guess = hypothesis(obs, amp=0.6)
+    assert guess is not None and abs(guess.base - 1.5 * HEADROOM) < 1e-9
+    systemic = [*obs, oom(1, stage(2, 0.6, 200, 300), 0.6 * 1.5)]
+    assert hypothesis(systemic, amp=0.6) is None  # the systemic factor already covers them
+
+
 def test_amp_retry_only_when_its_share_closes_the_gap() -> None:
     short = oom(0, stage(0, 0.9, act=0.05), 1.05)
     assert amp_retry(short, 0.6, (0.3, 0.1)) is None
@@ -146,9 +167,14 @@ def test_a_verdict_check_leaves_room_for_the_nodes_no_compile_measured() -> None
     assert abs(room.base - worst**UNMEASURED_SHARE) < 1e-12 and 1.0 < room.base < worst
     assert (node_factors(room, N) >= node_factors(estimate, N)).all()
     assert cautious(SearchState(4, 1.0, 0.6, tuple(obs)).estimate_content()) == room
-    huge = content_model([oom(0, stage(1, 0.3, 100, 200), 0.3 * 9.0)], amp=0.6, estimate=True)
-    capped = cautious(huge)
-    assert capped is not None and abs(capped.base - UNMEASURED_CAP**UNMEASURED_SHARE) < 1e-12
+    # Two agreeing overflows give the unmeasured nodes a systemic factor, the smaller one: they
+    # are taken halfway from it to the larger.
+    agreed = content_model(
+        [*obs, oom(1, stage(3, 0.8, 300, 400), 0.8 * 1.3)], amp=0.6, estimate=True
+    )
+    above = cautious(agreed)
+    assert agreed.base > 1.0 and above is not None
+    assert abs(above.base - agreed.base * (agreed.peak() / agreed.base) ** UNMEASURED_SHARE) < 1e-12
     assert cautious(content_model([], amp=0.6, estimate=True)) is None
 
 
