@@ -352,15 +352,17 @@ class NextAttempt(ProverState):
         settled = self.infeasible
         if settled is not None and settled.node is not None:
             # One node alone overflows under the measured model: a lower proportion helps only
-            # if its temporaries (in its activations) can close that node's own gap.
-            need, share = settled.node_need, settled.node_activation_share
+            # if what it can take off a tile can close that node's own gap.
+            need = settled.node_need
             fallbacks = self.config.search.amp_fallbacks
-            if amp_closing(need, share, self.default_amp, fallbacks) is None:
+            if amp_closing(need, self.default_amp, fallbacks) is None:
                 if not self.settle_note:
+                    lowest = min(fallbacks, default=self.default_amp)
                     self.settle_note = (
                         f"; a lower available_memory_proportion was not tried: {settled.node!r} alone "
-                        f"needs {need:.2f}× a device and its activations, where the temporaries it "
-                        f"bounds live, are {share * 100:.0f}% of that"
+                        f"needs {need:.2f}× a device, and a cap on temporaries of {lowest:g} instead "
+                        f"of {self.default_amp:g} takes at most "
+                        f"{amp_saving(self.default_amp, lowest) * 100:.0f}% of a tile off"
                     )
                 return None
         tried_amps = sorted({a.key.amp for _, a in ooms}, reverse=False)
@@ -407,7 +409,7 @@ class NextAttempt(ProverState):
         self, stage: StageView, need: float, amp: float, attempt: int, named: Observation
     ) -> str:
         lowest = min(self.config.search.amp_fallbacks, default=amp)
-        share = amp_saving(need, stage.activation_share, amp, lowest) / need if need else 0.0
+        share = amp_saving(amp, lowest) / need if need else 0.0
         where = f"device {stage.device}'s worst tile"
         if named.device != stage.device:
             # Not what this compile measured: carried over from an overflow of mostly its nodes.

@@ -77,27 +77,25 @@ def amp_retry(overfull: Observation, amp: float, fallbacks: Sequence[float]) -> 
     if overfull.stage is None:
         return min(fallbacks) if fallbacks else None
     measured = overfull.measured if overfull.measured is not None else UNKNOWN_OVER
-    return amp_closing(measured, overfull.stage.activation_share, amp, fallbacks)
+    return amp_closing(measured, amp, fallbacks)
 
 
-def amp_saving(measured: float, activation_share: float, amp: float, lower: float) -> float:
-    """The most a cap of ``lower`` instead of ``amp`` can take off a worst tile of ``measured`` ×
-    capacity whose activations (where conv/matmul temporaries live) are ``activation_share`` of it.
+def amp_saving(amp: float, lower: float) -> float:
+    """The most a cap of ``lower`` instead of ``amp`` can take off a worst tile (× its capacity).
 
     PopART's ``available_memory_proportion`` is the conv/matmul planner's per-tile limit on
-    temporary memory, as a share of the tile (docs: "a per-tile memory limit", which the planner
-    may exceed when no plan fits). The temporaries on that tile were at most its activations and
-    at most the cap they were planned under; a lower cap can remove only what was above it.
+    temporary memory, as a share of the tile ("a per-tile memory limit", which the planner may
+    exceed when no plan fits). The temporaries on the worst tile were planned under ``amp``; a lower
+    cap can remove only what was above it, so at most ``amp - lower`` of the tile. (Sharderd's
+    activation estimate is no bound on the compiler's temporaries, so it does not narrow this.)
     """
-    return max(0.0, min(measured * activation_share, amp) - lower)
+    return max(0.0, amp - lower)
 
 
-def amp_closing(
-    measured: float, activation_share: float, amp: float, fallbacks: Sequence[float]
-) -> float | None:
+def amp_closing(measured: float, amp: float, fallbacks: Sequence[float]) -> float | None:
     """The highest fallback below ``amp`` whose ``amp_saving`` can bring ``measured`` to fit."""
     for candidate in sorted((a for a in fallbacks if a < amp), reverse=True):
-        if measured - amp_saving(measured, activation_share, amp, candidate) <= 1.0:
+        if measured - amp_saving(amp, candidate) <= 1.0:
             return candidate
     return None
 
@@ -143,15 +141,11 @@ def amp_for_plan(
     if not over:
         return None, None, 0.0
     # A lower level only shrinks more, so the plan's level is the lowest any stage needs.
-    levels = [amp_closing(n, s.activation_share, amp, fallbacks) for s, n in over]
+    levels = [amp_closing(n, amp, fallbacks) for _, n in over]
     if None not in levels:
         return min(level for level in levels if level is not None), None, 0.0
-    # None closes every gap: the one that stays open at the lowest level decides.
-    lowest = min(fallbacks, default=amp)
-    stage, need = max(
-        over,
-        key=lambda sn: (sn[1] - 1.0) - amp_saving(sn[1], sn[0].activation_share, amp, lowest),
-    )
+    # None closes every gap: the largest need, which stays open longest, decides.
+    stage, need = max(over, key=lambda sn: sn[1])
     return None, stage, need
 
 
