@@ -184,6 +184,10 @@ class NextAttempt(ProverState):
             spec = await self._speculative()
             if spec is not None:
                 return spec
+        elif self.infeasible is not None and not self.attempts:
+            # The estimate rules every split out, which is no proof: the probe, when a node is
+            # large enough to be worth it, may make it one (``verdict.probe_proof``).
+            return await self._probe()
         if self.optimal_perf and self._any_ok():
             return await self._perf_variant()
         if (

@@ -363,3 +363,22 @@ def test_a_re_plan_waits_for_the_compile_still_running(tmp_path: Path, config: P
     later = events.index(["[attempt.started]", "attempt=2"])
     finished = {e[1] for e in events[:later] if e[0] == "[attempt.finished]"}
     assert finished == {"attempt=0", "attempt=1"}
+
+
+def test_an_estimate_that_rules_every_split_out_is_proven_by_the_probe(
+    cnn: Path, config: Path, tmp_path: Path
+) -> None:
+    """On 5 devices the estimate (weights and code × margin) rules every split out before any
+    compile: no proof. The probe still compiles the large conv alone at the lowest AMP; where its
+    biggest op overflows alone (40% of tiles), that is the proof (exit 3, one compile), and where it
+    fits alone the answer stays "not proven" (exit 5)."""
+    out = tmp_path / "out"
+    proc, compiles = shard(cnn, config, out, 5, truth={"op_tiles": 0.4})
+    assert proc.returncode == 3, proc.stderr
+    assert [c["options"]["num_ipus"] for c in compiles] == [1]
+    assert report(out)["verdict"] == {"proven": True, "grounds": "probe"}
+    out = tmp_path / "fits"
+    proc, compiles = shard(cnn, config, out, 5)
+    assert proc.returncode == 5, proc.stderr
+    assert [c["options"]["num_ipus"] for c in compiles] == [1]
+    assert "not proven" in proc.stderr
