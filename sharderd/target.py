@@ -58,6 +58,14 @@ class Target:
     def effective_flops_per_s(self) -> float:
         return self.flops_per_s * self.efficiency
 
+    def op_overhead_for(self, op_type: str) -> float:
+        """Fixed time one compiled node of ``op_type`` costs."""
+        return self.op_overhead_s
+
+    def code_bytes_for(self, op_type: str) -> int:
+        """Code/exchange/control bytes one compiled node of ``op_type`` costs."""
+        return self.code_bytes_per_node
+
     def tile_to_device(self, global_tile: int) -> int:
         """Poplar numbers tiles across all IPUs of a multi-IPU target: IPU i owns [i*T, (i+1)*T)."""
         if self.tiles <= 0:
