@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
+from sharderd.config import load_config
 from sharderd.plan.op_costs import node_code_bytes, node_overhead_s
 from sharderd.plan.planner import plan_stages
 from sharderd.target import BUILTIN_TARGETS
@@ -73,3 +74,21 @@ def test_no_overhead_or_code_for_a_folded_node() -> None:
     assert overhead == pytest.approx(float(node_overhead_s(analysis, TARGET).sum()))
     compiled = np.flatnonzero(analysis.compiled)
     assert code == sum(TARGET.code_bytes_for(analysis.flow.op_types[q]) for q in compiled)
+
+
+def test_costs_by_op_type_follow_the_rule_and_the_config_tables(tmp_path) -> None:
+    assert TARGET.code_bytes_for("Reshape") == 0 and TARGET.op_overhead_for("Identity") == 0
+    assert TARGET.code_bytes_for("MatMul") == 3 * TARGET.code_bytes_for("Add") > 0
+    assert TARGET.code_bytes_for("Add") == TARGET.code_bytes_per_node
+    path = tmp_path / "sharderd.toml"
+    path.write_text(
+        '[target]\nname = "mine"\n[targets.mine]\nbase = "ipu-mk2"\ncode_bytes_per_node = 1000\n'
+        "code_bytes_by_op = { MatMul = 7, Reshape = 5 }\nop_overhead_s_by_op = { Add = 2e-6 }\n"
+    )
+    mine = load_config(path).target()
+    assert mine.code_bytes_for("Add") == 1000  # the old key is the default row
+    assert mine.code_bytes_for("Gemm") == 3000 and mine.code_bytes_for("Squeeze") == 0
+    assert mine.code_bytes_for("MatMul") == 7 and mine.code_bytes_for("Reshape") == 5
+    assert mine.op_overhead_for("Add") == 2e-6
+    assert mine.op_overhead_for("Mul") == TARGET.op_overhead_s
+    assert mine.code_table()["MatMul"] == 7 and "overhead" not in mine.code_table()
