@@ -71,6 +71,7 @@ def build_plan(
                 host_s=host,
                 comm_in_s=comm_in,
                 comm_out_s=comm_out,
+                ops=int(analysis.compiled[oc.order[a:b]].sum()),
             )
         )
     cut_tensors = []

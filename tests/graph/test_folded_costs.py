@@ -14,6 +14,9 @@ import pytest
 from sharderd.config import load_config
 from sharderd.plan.op_costs import node_code_bytes, node_overhead_s
 from sharderd.plan.planner import plan_stages
+from sharderd.report.build import model_facts, plan_section, report_dict
+from sharderd.report.html import render_html
+from sharderd.report.markdown import render_markdown
 from sharderd.target import BUILTIN_TARGETS
 from tests.real_exports import MANIFEST, export_analysis
 
@@ -92,3 +95,31 @@ def test_costs_by_op_type_follow_the_rule_and_the_config_tables(tmp_path) -> Non
     assert mine.op_overhead_for("Add") == 2e-6
     assert mine.op_overhead_for("Mul") == TARGET.op_overhead_s
     assert mine.code_table()["MatMul"] == 7 and "overhead" not in mine.code_table()
+
+
+def test_the_report_counts_compiled_ops_per_stage_and_lists_the_tables() -> None:
+    analysis = export_analysis("tiny_gpt2")
+    plan = plan_stages(analysis, TARGET, 3, safety_margin=1.0)
+    model = model_facts(analysis)
+    report = report_dict(
+        model=model,
+        warnings=(),
+        target=TARGET,
+        plan=plan_section(plan, 1),
+        batch_size=1,
+        status="planned",
+    )
+    stages = report["plan"]["stages"]
+    assert sum(s["ops"] for s in stages) == model["compiled_ops"] < model["nodes"]
+    assert model["compiled_ops"] == model["nodes"] - model["folded_nodes"]
+    for s, stage in zip(stages, plan.stages, strict=True):
+        members = plan.order[stage.start : stage.stop]
+        assert s["ops"] == int(analysis.compiled[members].sum()) <= s["num_nodes"]
+    tables = {k: v for k, v in report["target"].items() if isinstance(v, dict) and v}
+    assert {"op_overhead_s_table", "code_bytes_table"} <= set(tables)
+    assert report["target"]["code_bytes_table"]["MatMul"] == TARGET.code_bytes_for("MatMul")
+    phrase = (
+        f"{model['nodes']} nodes in the file, {model['folded_nodes']} folded, "
+        f"{model['compiled_ops']} ops compiled"
+    )
+    assert phrase in render_markdown(report) and phrase in render_html(report)
