@@ -53,9 +53,9 @@ class Target:
     efficiency: float = 0.4
     """Fraction of peak FLOP/s a real model reaches; scales compute time, not balance."""
     code_bytes_per_node: int = 0
-    """Code/exchange/control memory one ONNX node costs on the device (a prior; OOM feedback corrects it)."""
+    """Code/exchange/control memory one compiled op costs on the device, the default row of ``code_bytes_by_op`` (a prior; OOM feedback corrects it)."""
     op_overhead_s: float = 0.0
-    """Fixed time per node (sync, launch), so thousands of tiny ops are not free."""
+    """Fixed time per compiled op (sync, launch), the default row of ``op_overhead_s_by_op``, so thousands of tiny ops are not free."""
     op_overhead_s_by_op: Mapping[str, float] = field(default_factory=dict)
     """Fixed time per compiled node by op type, overriding the rule (views 0, Conv/MatMul/Gemm 3 × ``op_overhead_s``, any other op ``op_overhead_s``)."""
     code_bytes_by_op: Mapping[str, int] = field(default_factory=dict)
