@@ -51,7 +51,10 @@ def constant_values(
             and t.data_location != onnx.TensorProto.EXTERNAL
             and tensor_nbytes(t) <= VALUE_BYTES
         ):
-            known[t.name] = onnx.numpy_helper.to_array(t)
+            try:
+                known[t.name] = onnx.numpy_helper.to_array(t)
+            except (ValueError, TypeError):  # malformed data: analysis reports it, not this
+                continue
     computed: dict[str, np.ndarray] = {}
     for node in graph.node:
         values = _evaluate(node, known, types, opset)
