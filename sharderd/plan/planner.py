@@ -18,6 +18,7 @@ from sharderd.plan.build import build_plan, costed_split
 from sharderd.plan.content import ContentCorrection, corrected_analysis
 from sharderd.plan.ideals import solve_ideals
 from sharderd.plan.infeasible import infeasible_exact, infeasible_proof, weights_proof
+from sharderd.plan.op_costs import node_overhead_s
 from sharderd.plan.order import candidate_orders
 from sharderd.plan.ordered_costs import OrderedCosts, calibrated_compute_s, ordered_costs
 from sharderd.plan.partition import Partition, solve
@@ -134,7 +135,7 @@ def _search(
     costed = (analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)
     require_costed = int(costed.sum()) >= devices
 
-    overhead = target.op_overhead_s if measured_s is None else 0.0
+    overhead = node_overhead_s(analysis, target) if measured_s is None else None
     problem = Problem(analysis, target, compute_s, reference, caps, require_costed)
 
     def plan_of(oc: OrderedCosts, name: str, partition: Partition) -> Plan:
@@ -148,7 +149,7 @@ def _search(
             safety_margin,
             scale,
             bound=bound,
-            overhead_per_node=overhead,
+            overhead_s=overhead,
         )
 
     def plan_of_split(assignment: np.ndarray, method: str) -> Plan:
@@ -335,7 +336,7 @@ def _plan_corrected(
     )
     caps = target.memory_bytes / (safety_margin * effective)
     bound = lower_bound_all_splits(analysis, target, compute_s, devices)
-    overhead = target.op_overhead_s if measured_s is None else 0.0
+    overhead = node_overhead_s(analysis, target) if measured_s is None else None
     plan = build_plan(
         analysis,
         oc,
@@ -346,7 +347,7 @@ def _plan_corrected(
         safety_margin,
         effective,
         bound=bound,
-        overhead_per_node=overhead,
+        overhead_s=overhead,
     )
     return replace(
         plan,

@@ -66,7 +66,11 @@ def test_planning_under_contents_moves_them_and_reports_the_original_bytes(name:
     plain = plan_stages(analysis, target, 4, safety_margin=1.0)
     heavy = max(range(4), key=lambda s: plain.stages[s].memory_bytes)
     runs = tuple(map(tuple, stage_contents(plain.assignment, 4)[heavy]))
-    content = ContentCorrection(1.0, ((runs, 1.6),))
+    # A factor that overfills the heavy stage by a fifth (code is not scaled by contents).
+    stage = plain.stages[heavy]
+    grows = stage.memory_bytes - stage.code_bytes
+    factor = max(1.6, 1.2 * (target.memory_bytes - stage.code_bytes) / grows)
+    content = ContentCorrection(1.0, ((runs, factor),))
     plan = plan_stages(analysis, target, 4, safety_margin=1.0, content=content)
     assert plan.digest != plain.digest and not plan.proven_optimal
     assert "corrected by compiles" in plan.claim
