@@ -273,7 +273,7 @@ class ClusterConfig:
     memory_bytes: int = 0
     """Host memory one attempt needs: a job fails when no node has this much in all (Ray's ``memory`` request; not a limit); 0: none."""
     sdk_resource: str = ""
-    """Custom Ray resource that marks hosts with the Poplar SDK (``ray start --resources '{"poplar_sdk": 1}'``); empty: any node."""
+    """Custom Ray resource that marks hosts with the Poplar SDK (``ray start --resources '{"poplar_sdk": 1}'``): poprt (and ``auto``'s choice of it) is available when a live node has it, whatever the daemon's host imports; empty: any node, poprt must import on the daemon's host."""
     ipu_resource: str = ""
     """Custom Ray resource requested (1 per attempt) by benchmark runs only (``--optimal-perf``, onnxruntime timing); empty: none."""
     schedule_timeout: float = 300.0
