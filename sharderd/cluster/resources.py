@@ -17,14 +17,15 @@ __all__ = ["required_resources", "unschedulable_reason"]
 
 
 def required_resources(cluster: ClusterConfig, request: AttemptRequest) -> dict[str, float]:
-    """What one attempt reserves: CPUs, a memory floor, the SDK marker, an IPU for benchmarks."""
+    """What one attempt reserves: CPUs, a memory floor, the SDK marker, and for a poprt
+    benchmark as many IPUs as its plan has devices (it attaches to all of them)."""
     need: dict[str, float] = {"CPU": cluster.num_cpus}
     if cluster.memory_bytes:
         need["memory"] = float(cluster.memory_bytes)
     if cluster.sdk_resource:
         need[cluster.sdk_resource] = 1.0
     if cluster.ipu_resource and request.benchmark and request.backend == "poprt":
-        need[cluster.ipu_resource] = 1.0
+        need[cluster.ipu_resource] = float(request.num_devices)
     return {k: v for k, v in need.items() if v > 0}
 
 
