@@ -20,7 +20,15 @@ import pytest
 
 pytest.importorskip("ray")
 
-from daemon_helpers import chain_model, drop, results, running, save_model, write_config
+from daemon_helpers import (
+    chain_model,
+    drop,
+    pointers,
+    results,
+    running,
+    save_model,
+    write_config,
+)
 from ray_cluster import RayCluster
 
 from sharderd.cluster.sweeper import sweeper_pid
@@ -104,4 +112,7 @@ def test_poprt_runs_where_a_node_offers_the_sdk_resource(
     assert ran and all(e["result"] == "ok" for e in ran), ran
     assert len({e["node_id"] for e in ran}) == 1 and ran[0]["node_id"], ran
     published = sorted(p.name for p in results(root / "outbox"))
-    assert published == ["second", "third"], published
+    duplicates = [p.name for p in pointers(root / "outbox")]
+    # whichever copy of the third model settled first is published, the other points at it
+    assert published[0] == "second" and len(published) == 2, published
+    assert sorted([published[1], *duplicates]) == ["third", "third-again"], duplicates
