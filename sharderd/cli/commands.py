@@ -57,6 +57,7 @@ def _cmd_shard(args: argparse.Namespace) -> int:
 
     import anyio
 
+    from sharderd.backends.ipus import IpuPool
     from sharderd.backends.pool import AttemptPool
     from sharderd.cli.progress import progress
     from sharderd.job.run import JobFailed, JobSpec, shard_job, write_report
@@ -88,7 +89,7 @@ def _cmd_shard(args: argparse.Namespace) -> int:
         search=search,
         target=args.target,
     )
-    pool = AttemptPool(search.parallel)
+    pool = AttemptPool(search.parallel, ipus=IpuPool.of_setting(config.poprt.ipus))
     with (
         tempfile.TemporaryDirectory(prefix="sharderd-attempts-") as work,
         progress(quiet=args.quiet, json_mode=args.json) as emit,

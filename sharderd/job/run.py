@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sharderd.backends.pool import AttemptPool
-from sharderd.backends.registry import resolve_backend
+from sharderd.backends.registry import AttemptHosts, resolve_backend
 from sharderd.config import Config, SearchOptions
 from sharderd.errors import NoSplitError, NotProvenError, SharderdError
 from sharderd.fsutil import atomic_write
@@ -90,7 +90,8 @@ async def shard_job(
 ) -> JobResult:
     config = spec.config
     target = config.target(spec.target)
-    backend = resolve_backend(spec.search.backend, target)
+    hosts = pool.runner if isinstance(pool.runner, AttemptHosts) else None
+    backend = resolve_backend(spec.search.backend, target, hosts)
     emit(
         "backend.selected",
         {"backend": backend, "requested": spec.search.backend, "target": target.name},

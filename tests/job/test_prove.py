@@ -286,6 +286,34 @@ def test_optimal_perf_benchmarks_and_keeps_the_fastest(
     assert data["benchmark"]["throughput_per_s"] == best["benchmark"]["throughput_per_s"]
 
 
+@pytest.mark.parametrize(
+    ("setting", "env_extra", "has"),
+    [("ipus = 0", {}, 0), ("", {"FAKE_POPRT_IPUS": "4"}, 4)],
+    ids=["compile-only", "counted-too-few"],
+)
+def test_optimal_perf_without_enough_ipus_keeps_the_best_predicted_and_says_so(
+    model: Path, config: Path, tmp_path: Path, setting: str, env_extra: dict[str, str], has: int
+) -> None:
+    """No benchmark can attach (``[poprt] ipus = 0``, or a host counted with fewer IPUs than the
+    plan's 5 devices): the compiles stand, the plan with the best predicted time is kept, and
+    each attempt says no measurement was possible."""
+    config.write_text(CONFIG + f"\n[poprt]\n{setting}\n")
+    out = tmp_path / "out"
+    proc, _ = shard(
+        model, config, out, 5, "--optimal-perf", "--max-attempts", "3", env_extra=env_extra
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = report(out)
+    ok = [a for a in data["attempts"] if a["outcome"] == "ok"]
+    assert ok and not any(a["benchmark"] for a in ok)
+    assert all(
+        f"no measurement possible: the plan runs on 5 IPUs, this host has {has}" in a["message"]
+        for a in ok
+    ), ok
+    best = min(ok, key=lambda a: (a["predicted_bottleneck_s"], a["index"]))
+    assert data["plan"]["digest"] == best["plan_digest"]
+
+
 @pytest.fixture(scope="module")
 def cnn(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """bench/compiles.py's CNN: one late conv needs 62% of a 24-tile device by the model."""
