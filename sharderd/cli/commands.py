@@ -11,6 +11,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +54,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_shard(args: argparse.Namespace) -> int:
-    import tempfile
-
     import anyio
 
-    from sharderd.backends.ipus import IpuPool
-    from sharderd.backends.pool import AttemptPool
     from sharderd.cli.progress import progress
-    from sharderd.job.run import JobFailed, JobSpec, shard_job, write_report
+    from sharderd.job.local import run_local
+    from sharderd.job.run import JobFailed, JobSpec
     from sharderd.report.markdown import render_markdown
 
     config = config_from_args(args)
@@ -89,20 +87,11 @@ def _cmd_shard(args: argparse.Namespace) -> int:
         search=search,
         target=args.target,
     )
-    pool = AttemptPool(search.parallel, ipus=IpuPool.of_setting(config.poprt.ipus))
-    with (
-        tempfile.TemporaryDirectory(prefix="sharderd-attempts-") as work,
-        progress(quiet=args.quiet, json_mode=args.json) as emit,
-    ):
-
-        async def run() -> Any:
-            return await shard_job(spec, pool=pool, workdir=Path(work), emit=emit)
-
+    with progress(quiet=args.quiet, json_mode=args.json) as emit:
         try:
-            result = anyio.run(run)
+            result = anyio.run(partial(run_local, spec, emit=emit))
         except JobFailed as failed:
             if failed.report is not None and failed.report.get("attempts"):
-                write_report(failed.report, out_dir)
                 print(
                     f"sharderd: report of the failed attempts: {out_dir}/report.md", file=sys.stderr
                 )

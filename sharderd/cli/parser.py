@@ -8,11 +8,10 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 from sharderd import __version__
-from sharderd.config import Config, load_config
+from sharderd.config import Config, amend_plan, load_config
 from sharderd.errors import ConfigError
 
 __all__ = ["build_parser", "config_from_args"]
@@ -162,23 +161,16 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> Config:
     """The config a model command runs with: ``--config`` or the defaults, amended by its flags."""
     config = load_config(args.config) if getattr(args, "config", None) else Config()
-    plan = config.plan
-    if getattr(args, "batch_size", None) is not None:
-        plan = replace(plan, batch_size=args.batch_size)
-    if getattr(args, "safety_margin", None) is not None:
-        plan = replace(plan, safety_margin=args.safety_margin)
-    if getattr(args, "name_nodes", False):
-        plan = replace(plan, name_nodes=True)
-    if getattr(args, "dim", None):
-        plan = replace(plan, dims={**plan.dims, **dict(_parse_dim(text) for text in args.dim)})
-    if getattr(args, "input_shape", None):
-        shapes = dict(_parse_input_shape(text) for text in args.input_shape)
-        plan = replace(plan, input_shapes={**plan.input_shapes, **shapes})
-    if getattr(args, "precision", None):
-        plan = replace(plan, precision=args.precision)
-    if getattr(args, "keep_dynamic", False):
-        plan = replace(plan, keep_dynamic=True)
-    return replace(config, plan=plan)
+    return amend_plan(
+        config,
+        batch_size=getattr(args, "batch_size", None),
+        safety_margin=getattr(args, "safety_margin", None),
+        dims=dict(_parse_dim(text) for text in getattr(args, "dim", None) or ()),
+        input_shapes=dict(_parse_input_shape(t) for t in getattr(args, "input_shape", None) or ()),
+        precision=getattr(args, "precision", None),
+        name_nodes=getattr(args, "name_nodes", False),
+        keep_dynamic=getattr(args, "keep_dynamic", False),
+    )
 
 
 def _parse_dim(text: str) -> tuple[str, int]:

@@ -9,7 +9,7 @@ effective search options from flags, sidecar and config, once.
 from __future__ import annotations
 
 from sharderd.config.load import config_from_dict, load_config, load_table, parse_toml
-from sharderd.config.options import SearchOptions, search_options
+from sharderd.config.options import SearchOptions, amend_plan, search_options
 from sharderd.config.reference import describe_config
 from sharderd.config.schema import (
     ClusterConfig,
@@ -30,6 +30,7 @@ __all__ = [
     "PoprtConfig",
     "SearchConfig",
     "SearchOptions",
+    "amend_plan",
     "config_from_dict",
     "describe_config",
     "load_config",

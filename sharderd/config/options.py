@@ -7,11 +7,13 @@ repeat them (its pool, limits and default backend serve every job). The CLI and 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from sharderd.config.schema import Config
 
-__all__ = ["SearchOptions", "search_options"]
+__all__ = ["SearchOptions", "amend_plan", "search_options"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +73,32 @@ def search_options(
         "kill_grace": kill_grace,
     }
     return replace(options, **{k: v for k, v in given.items() if v is not None})
+
+
+def amend_plan(
+    config: Config,
+    *,
+    batch_size: int | None = None,
+    safety_margin: float | None = None,
+    dims: Mapping[str, int] | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    precision: Literal["model", "fp32", "fp16"] | None = None,
+    name_nodes: bool = False,
+    keep_dynamic: bool = False,
+) -> Config:
+    """``config`` with its ``[plan]`` amended by a command's flags or an API call's arguments:
+    each one given (not ``None``) wins; ``dims`` and ``input_shapes`` add to the config's, and the
+    two switches can only turn on. ``PlanConfig`` validates the result."""
+    plan = config.plan
+    given = {"batch_size": batch_size, "safety_margin": safety_margin, "precision": precision}
+    plan = replace(plan, **{k: v for k, v in given.items() if v is not None})
+    if dims:
+        plan = replace(plan, dims={**plan.dims, **dims})
+    if input_shapes:
+        shapes = {name: tuple(shape) for name, shape in input_shapes.items()}
+        plan = replace(plan, input_shapes={**plan.input_shapes, **shapes})
+    if name_nodes:
+        plan = replace(plan, name_nodes=True)
+    if keep_dynamic:
+        plan = replace(plan, keep_dynamic=True)
+    return replace(config, plan=plan)
