@@ -14,7 +14,9 @@ __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_DOES_NOT_FIT",
     "EXIT_FAILED",
+    "EXIT_NOT_PROVEN",
     "EXIT_OK",
+    "GROUNDS",
     "BackendUnavailableError",
     "BadJobError",
     "CompileFailedError",
@@ -23,6 +25,8 @@ __all__ = [
     "InternalError",
     "JobCancelledError",
     "ModelInvalidError",
+    "NoSplitError",
+    "NotProvenError",
     "OutputWriteError",
     "PlanInfeasibleError",
     "SharderdError",
@@ -38,6 +42,12 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_DOES_NOT_FIT = 3
 EXIT_BACKEND_UNAVAILABLE = 4
+EXIT_NOT_PROVEN = 5
+
+GROUNDS = ("weights_total", "node_weights", "probe")
+"""The only grounds of a "does not fit" (exit 3), each true of the real compiler: the distinct
+weights alone (no margin) exceed all devices' memory together; one node's weights alone exceed a
+device; one node compiled alone on one device at the lowest AMP ran out of memory (the probe)."""
 
 
 class SharderdError(Exception):
@@ -101,14 +111,14 @@ class DimsUnresolvedError(SharderdError):
         return {**super().to_dict(), "dims": [list(d) for d in self.dims]}
 
 
-class PlanInfeasibleError(SharderdError):
-    """No split onto the requested devices fits in memory, proven without compiling.
+class NoSplitError(SharderdError):
+    """The search ended without a split that fits: proven (``PlanInfeasibleError``, exit 3) or not
+    (``NotProvenError``, exit 5). Code that only needs "this model has no split" catches this.
 
-    ``min_devices`` is how many devices would do (None when even one node is too large).
+    ``min_devices`` is how many devices would do (None when no number is known to help).
     """
 
-    exit_code = EXIT_DOES_NOT_FIT
-    reason = "does_not_fit"
+    proven: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -133,6 +143,10 @@ class PlanInfeasibleError(SharderdError):
         self.node_activation_share: float = 0.0
         """Its inputs and outputs / its need: where conv/matmul temporaries live."""
 
+    @property
+    def grounds(self) -> str | None:
+        return None
+
     def to_dict(self) -> dict[str, object]:
         return {
             **super().to_dict(),
@@ -140,7 +154,58 @@ class PlanInfeasibleError(SharderdError):
             "short_bytes": self.short_bytes,
             "min_devices": self.min_devices,
             "fits_without_margin": self.fits_without_margin,
+            "proven": self.proven,
+            "grounds": self.grounds,
+            "node": self.node,
+            "node_need": self.node_need,
+            "node_activation_share": self.node_activation_share,
         }
+
+
+class PlanInfeasibleError(NoSplitError):
+    """No split onto the requested devices fits, proven on one of ``GROUNDS`` (``grounds``).
+
+    ``node`` names the node when one node alone rules every split out (no number of devices helps).
+    """
+
+    exit_code = EXIT_DOES_NOT_FIT
+    reason = "does_not_fit"
+    proven = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        grounds: str,
+        hint: str | None = None,
+        device: int | None = None,
+        short_bytes: int | None = None,
+        min_devices: int | None = None,
+        node: str | None = None,
+    ) -> None:
+        if grounds not in GROUNDS:
+            raise ValueError(f"not a ground of a proof: {grounds!r}")
+        super().__init__(
+            message, hint=hint, device=device, short_bytes=short_bytes, min_devices=min_devices
+        )
+        self._grounds = grounds
+        self.node = node
+
+    @property
+    def grounds(self) -> str:
+        return self._grounds
+
+
+class NotProvenError(NoSplitError):
+    """No fitting split was found, and none of ``GROUNDS`` proves there is none (exit 5).
+
+    Estimates with a margin, fitted factors, a search that is not exhaustive or a spent compile
+    budget end here; the message says what was tried and what the compiles showed, and the hint
+    is a command for the device count the measurements suggest (``min_devices``), when known.
+    """
+
+    exit_code = EXIT_NOT_PROVEN
+    reason = "not_proven"
 
 
 class BackendUnavailableError(SharderdError):

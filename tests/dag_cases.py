@@ -176,7 +176,7 @@ def evaluate(
         mems.append(
             int(flow.weight_bytes[list(weights)].sum())
             + peak
-            + target.code_bytes_per_node * len(members)
+            + sum(target.code_bytes_for(flow.op_types[q]) for q in members if analysis.compiled[q])
         )
     return max(times), mems
 

@@ -131,19 +131,20 @@ class RayCluster:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def env(self) -> dict[str, str]:
-        """Environment of the nodes and of any driver (the daemon) that joins them; the fault backend is registered."""
+    def env(self, *, fake_poprt: bool = True) -> dict[str, str]:
+        """Environment of the nodes and of any driver (the daemon) that joins them; the fault
+        backend is registered, and ``fake_poprt`` puts the fake PopRT on the Python path."""
         base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "FAKE_POPRT_"))}
         env = {
             **base,
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(self.token_path),
             "RAY_USAGE_STATS_ENABLED": "0",
-            "PYTHONPATH": os.pathsep.join([str(FAKE_POPRT), str(REPO)]),
+            "PYTHONPATH": os.pathsep.join([*([str(FAKE_POPRT)] if fake_poprt else []), str(REPO)]),
         }
         return worker_env(env)  # the attempts' workers run the tests' fault backend
 
-    def _start(self, name: str, args: list[str], *, head: bool) -> Node:
+    def _start(self, name: str, args: list[str], *, head: bool, fake_poprt: bool = True) -> Node:
         log = self.root / f"{name}.log"
         ports = [
             "--node-manager-port",
@@ -155,7 +156,10 @@ class RayCluster:
         ]
         # A head told 127.0.0.1 keeps it only with the "not a cluster" switch; a worker refuses to
         # start with that switch, so it runs `ray start` with the loopback rewrite switched off.
-        env = {**self.env(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0" if head else "1"}
+        env = {
+            **self.env(fake_poprt=fake_poprt),
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0" if head else "1",
+        }
         cli = [_RAY] if head else [sys.executable, "-c", _KEEP_LOOPBACK]
         argv = [
             *cli,
@@ -193,7 +197,7 @@ class RayCluster:
             select.select([], [], [], 0.1)  # the log is a file: nothing to wait on but time
         return node
 
-    def start_head(self) -> Node:
+    def start_head(self, *, num_cpus: int = 1, fake_poprt: bool = True) -> Node:
         self.ray_temp.mkdir(exist_ok=True)
         return self._start(
             "head",
@@ -201,19 +205,22 @@ class RayCluster:
                 "--head",
                 f"--port={self.port}",
                 "--include-dashboard=false",
-                "--num-cpus=1",
+                f"--num-cpus={num_cpus}",
                 f"--temp-dir={self.ray_temp}",
             ],
             head=True,
+            fake_poprt=fake_poprt,
         )
 
-    def start_worker(self, name: str = "worker") -> Node:
+    def start_worker(
+        self, name: str = "worker", *, resources: dict[str, float] | None = None
+    ) -> Node:
         return self._start(
             name,
             [
                 f"--address={self.address}",
                 "--num-cpus=2",
-                f"--resources={json.dumps({WORKER_RESOURCE: 2})}",
+                f"--resources={json.dumps(resources or {WORKER_RESOURCE: 2})}",
             ],
             head=False,
         )

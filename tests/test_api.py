@@ -41,6 +41,8 @@ PUBLIC = {
     "ConfigError",
     "DimsUnresolvedError",
     "ModelInvalidError",
+    "NoSplitError",
+    "NotProvenError",
     "OutputWriteError",
     "PlanInfeasibleError",
     "SharderdError",

@@ -3,6 +3,12 @@
 The worker reports success or a compiler verdict (``ok``, ``oom``, ``invalid``) in
 ``result.json``; everything else (it hung, died, or left no readable result) is decided here from
 the process's exit, so a broken worker is a ``crashed`` outcome with a reason, never an exception.
+
+A poprt benchmark run on this host is two steps with separate limits: the compile holds a pool
+slot (CPUs), then the run of its PopEF holds ``num_devices`` IPUs of ``pool.ipus`` (and no slot),
+released when it ends or is killed, so concurrent jobs never attach to the same devices. When the
+host has too few IPUs in all, the compile stands and its message says no measurement was possible.
+On a cluster one task does both; it asks Ray for ``[cluster] ipu_resource`` instead.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import json
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -84,36 +91,88 @@ async def run_attempt(
     why it cancelled.
     """
     runner: AttemptRunner | None = pool.runner  # type: ignore[assignment]
-    if runner is not None:
-        async with pool.slot(job_id=job_id, priority=priority):
-            return await runner(
-                request,
-                workdir,
-                job_id=job_id,
-                timeout=timeout,
-                kill_grace=kill_grace,
-                argv_prefix=argv_prefix,
-            )
-    request_path = workdir / REQUEST_NAME
-    result_path = workdir / RESULT_NAME
-    result_path.unlink(missing_ok=True)  # a stale result must never pass for this attempt's
-    request.write(request_path)
-    argv = [
-        *(WORKER_ARGV if argv_prefix is None else argv_prefix),
-        str(request_path),
-        str(result_path),
-    ]
-    async with pool.slot(job_id=job_id, priority=priority):
-        proc = await run_process(
-            argv,
-            cwd=workdir,
-            env=env,
-            timeout=timeout,
-            kill_grace=kill_grace,
-            on_started=on_started,
-            on_stderr=on_stderr,
+    step = _Step(workdir, job_id, timeout, kill_grace, env, argv_prefix, on_started, on_stderr)
+    slot = pool.slot(job_id=job_id, priority=priority)
+    if runner is not None or not (request.backend == "poprt" and request.benchmark):
+        return await step.run(request, slot, runner)
+    compiled = await step.run(dataclasses.replace(request, benchmark=False), slot, None)
+    if compiled.ipus_on_host is not None:
+        pool.ipus.learn(compiled.ipus_on_host)
+    if compiled.outcome != "ok":
+        return compiled
+    if not pool.ipus.can_hold(request.num_devices):
+        return _noted(
+            compiled,
+            f"note: no measurement possible: the plan runs on {request.num_devices} IPUs, "
+            f"this host has {pool.ipus.total or 0} ([poprt] ipus)",
         )
-    return outcome_of(proc, result_path, timeout=timeout)
+    ran = await step.run(
+        dataclasses.replace(request, benchmark_only=True),
+        pool.ipus.hold(request.num_devices),
+        None,
+    )
+    if ran.outcome != "ok" or ran.benchmark is None:
+        return _noted(compiled, f"note: the benchmark failed, the compile stands: {ran.message}")
+    return dataclasses.replace(
+        _noted(compiled, ran.message),
+        benchmark=ran.benchmark,
+        duration_s=compiled.duration_s + ran.duration_s,
+    )
+
+
+def _noted(outcome: AttemptOutcome, note: str) -> AttemptOutcome:
+    return dataclasses.replace(outcome, message="\n".join(filter(None, [outcome.message, note])))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Step:
+    """One worker run of an attempt, in its folder, once ``gate`` (a slot, IPUs) is held."""
+
+    workdir: Path
+    job_id: str
+    timeout: float
+    kill_grace: float
+    env: Mapping[str, str] | None
+    argv_prefix: Sequence[str] | None
+    on_started: Callable[[int], None] | None
+    on_stderr: Callable[[bytes], None] | None
+
+    async def run(
+        self,
+        request: AttemptRequest,
+        gate: AbstractAsyncContextManager[None],
+        runner: AttemptRunner | None,
+    ) -> AttemptOutcome:
+        if runner is not None:
+            async with gate:
+                return await runner(
+                    request,
+                    self.workdir,
+                    job_id=self.job_id,
+                    timeout=self.timeout,
+                    kill_grace=self.kill_grace,
+                    argv_prefix=self.argv_prefix,
+                )
+        request_path = self.workdir / REQUEST_NAME
+        result_path = self.workdir / RESULT_NAME
+        result_path.unlink(missing_ok=True)  # a stale result must never pass for this attempt's
+        request.write(request_path)
+        argv = [
+            *(WORKER_ARGV if self.argv_prefix is None else self.argv_prefix),
+            str(request_path),
+            str(result_path),
+        ]
+        async with gate:
+            proc = await run_process(
+                argv,
+                cwd=self.workdir,
+                env=self.env,
+                timeout=self.timeout,
+                kill_grace=self.kill_grace,
+                on_started=self.on_started,
+                on_stderr=self.on_stderr,
+            )
+        return outcome_of(proc, result_path, timeout=self.timeout)
 
 
 def outcome_of(proc: ProcessResult, result_path: Path, *, timeout: float) -> AttemptOutcome:

@@ -31,6 +31,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from sharderd.backends.ipus import IpuPool
 from sharderd.childenv import child_env
 from sharderd.procfs import PROC, processes
 
@@ -228,11 +229,15 @@ class AttemptPool:
     cancelled while waiting leaves the queue; leaving the ``slot`` block, however, frees it.
     """
 
-    def __init__(self, max_parallel: int, *, runner: object | None = None) -> None:
+    def __init__(
+        self, max_parallel: int, *, runner: object | None = None, ipus: IpuPool | None = None
+    ) -> None:
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
         self.runner = runner
         """Where a granted attempt runs (``attempt.AttemptRunner``); None: a local subprocess."""
+        self.ipus = ipus if ipus is not None else IpuPool(None)
+        """The host's IPUs that benchmarks hold (``[poprt] ipus``); unknown until counted."""
         self._max = max_parallel
         self._busy = 0
         self._waiters: list[_Waiter] = []

@@ -42,6 +42,8 @@ def run_attempt(request: AttemptRequest) -> AttemptOutcome:
         from poprt import compiler, runtime
     except ImportError:
         return AttemptOutcome("invalid", message=NOT_INSTALLED)
+    if request.benchmark_only:
+        return _run_compiled(request, runtime)
 
     notes: list[str] = []
     if os.environ.pop("POPLAR_ENGINE_OPTIONS", None) is not None:
@@ -87,7 +89,33 @@ def run_attempt(request: AttemptRequest) -> AttemptOutcome:
         except RuntimeError as exc:
             notes.append(f"note: the benchmark failed, the compile stands: {exc}")
     return AttemptOutcome(
-        "ok", message=_join(message, notes), artifact=request.artifact, benchmark=benchmark
+        "ok",
+        message=_join(message, notes),
+        artifact=request.artifact,
+        benchmark=benchmark,
+        ipus_on_host=_ipus_on_host(runtime),
+    )
+
+
+def _ipus_on_host(runtime: Any) -> int | None:
+    try:
+        return int(runtime.DeviceManager().get_num_devices())
+    except RuntimeError:
+        return None
+
+
+def _run_compiled(request: AttemptRequest, runtime: Any) -> AttemptOutcome:
+    """The benchmark step: attach to the IPUs and time ``request.artifact``, compiled earlier."""
+    graph = onnx.load(request.model, load_external_data=False).graph
+    n_stages = _stage_count(graph, request.num_devices)
+    wanted = int(request.options.get("batches_per_step", 0)) or request.num_devices
+    depth = max(wanted, 2 * n_stages)  # as the compile step sets batches_per_step
+    try:
+        benchmark = _benchmark(runtime.Runner(request.artifact), request, depth)
+    except RuntimeError as exc:
+        return AttemptOutcome("invalid", message=f"the benchmark failed: {exc}")
+    return AttemptOutcome(
+        "ok", message=f"benchmarked on {request.num_devices} IPUs", benchmark=benchmark
     )
 
 

@@ -79,6 +79,9 @@ class AttemptRequest:
     verification tolerances by it."""
     input_shapes: Mapping[str, list[int]] | None = None
     """The planned static input shapes by input name; None: the model's own."""
+    benchmark_only: bool = False
+    """Run ``artifact``, compiled by an earlier attempt, instead of compiling (poprt: the
+    benchmark step, which holds IPUs, apart from the compile, which holds a compile slot)."""
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1, sort_keys=True), encoding="utf-8")
@@ -94,8 +97,6 @@ class AttemptOutcome:
     message: str = ""
     artifact: str | None = None
     oom: OomInfo | None = None
-    device_memory: tuple[int, ...] | None = None
-    """Bytes used per device where the compiler reports it."""
     benchmark: BenchmarkResult | None = None
     returncode: int | None = None
     signal: int | None = None
@@ -105,6 +106,8 @@ class AttemptOutcome:
     """Backend-specific results as plain JSON data (e.g. onnxruntime's verification and profile)."""
     cause: Cause | None = None
     """Why an ``invalid`` outcome is invalid, as a type the search acts on (never message text)."""
+    ipus_on_host: int | None = None
+    """IPUs the attempt's host has (poprt: ``DeviceManager().get_num_devices()``); None: not asked."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,8 +123,7 @@ class AttemptOutcome:
             bench = dict(values["benchmark"])
             bench["stage_times_s"] = tuple(bench.get("stage_times_s", ()))
             values["benchmark"] = BenchmarkResult(**bench)
-        if values.get("device_memory") is not None:
-            values["device_memory"] = tuple(int(x) for x in values["device_memory"])
+        values.pop("device_memory", None)  # written by older versions; no backend ever set it
         return cls(**values)
 
     def write(self, path: Path) -> None:

@@ -12,6 +12,10 @@ Extra backends (tests register the ``fault`` backend this way) reach the worker 
 environment, since it is a subprocess: :data:`EXTRA_BACKENDS_ENV` holds comma-separated
 ``NAME=MODULE[:ATTR]`` entries, imported only when a request names them. They are worker-only:
 ``--backend`` and ``search.backend`` still offer the shipped choices alone.
+
+Where attempts run elsewhere (``[cluster] engine = "ray"``), the runner answers for its hosts
+(:class:`AttemptHosts`): ``poprt`` is then available when some live node offers the SDK resource,
+whatever this interpreter can import.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ __all__ = [
     "BACKENDS",
     "EXTRA_BACKENDS_ENV",
     "SHIPPED",
+    "AttemptHosts",
     "Backend",
     "attempt_options",
     "is_available",
@@ -54,6 +59,16 @@ class Backend(Protocol):
 
     def run_attempt(self, request: AttemptRequest) -> AttemptOutcome:
         """Compile or run ``request`` and say how it went; a compiler verdict is data."""
+        ...
+
+
+@runtime_checkable
+class AttemptHosts(Protocol):
+    """The hosts where attempts run, when they are not this one (the Ray runner)."""
+
+    def offers(self, backend: str) -> bool | None:
+        """True: some host can run ``backend`` now; False: none can yet, an attempt waits for one
+        (and fails naming what it waits for); None: the hosts cannot tell, ask this interpreter."""
         ...
 
 
@@ -104,15 +119,28 @@ def is_available(name: str) -> bool:
         return False
 
 
-def resolve_backend(name: str, target: Target) -> str:
-    """``auto``: poprt for an IPU target when it imports, else onnxruntime, else none."""
+def resolve_backend(name: str, target: Target, hosts: AttemptHosts | None = None) -> str:
+    """``auto``: poprt for an IPU target when it is offered, else onnxruntime, else none.
+
+    Offered means: where the attempts run (``hosts``, a cluster) when they can tell, else
+    importable here. A backend the cluster lacks now but may gain is chosen when named (its
+    attempt waits for a node); ``auto`` takes only what is there.
+    """
+
+    def answer(backend: str) -> bool | None:
+        return None if hosts is None else hosts.offers(backend)
+
+    def offered(backend: str) -> bool:
+        said = answer(backend)
+        return load_backend(backend).available() if said is None else said
+
     if name == "auto":
-        if target.kind == "ipu" and load_backend("poprt").available():
+        if target.kind == "ipu" and offered("poprt"):
             return "poprt"
-        return "onnxruntime" if load_backend("onnxruntime").available() else "none"
+        return "onnxruntime" if offered("onnxruntime") else "none"
     if name not in BACKENDS:
         raise ConfigError(f"unknown backend {name!r}; choose auto, {', '.join(BACKENDS)}")
-    if name != "none" and not load_backend(name).available():
+    if name != "none" and answer(name) is None and not load_backend(name).available():
         raise BackendUnavailableError(_INSTALL_HINT[name])
     return name
 

@@ -1,7 +1,7 @@
 """``sharderd``'s commands. Thin: parse, call the engine or the daemon, print, exit.
 
 Exit codes (other tools rely on them): 0 done, 1 failed (compile or verification), 2 bad input or
-usage, 3 does not fit, 4 backend unavailable.
+usage, 3 does not fit (proven), 4 backend unavailable, 5 no fitting split found (not proven).
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
     else:
         print(render_markdown(report), end="")
+    if plan.method == "overfull":
+        from sharderd.plan.infeasible import overfull_not_proven
+
+        raise overfull_not_proven(plan, target)
     return EXIT_OK
 
 

@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sharderd",
         description=_DESCRIPTION,
-        epilog="Exit codes: 0 done, 1 compile or verification failed, 2 bad input or usage, 3 does not fit, "
-        "4 backend unavailable. `sharderd COMMAND --help` shows a command's options.",
+        epilog="Exit codes: 0 done, 1 compile or verification failed, 2 bad input or usage, 3 does not fit "
+        "(proven: the weights alone, or one node compiled alone), 4 backend unavailable, 5 no fitting "
+        "split found (not proven). `sharderd COMMAND --help` shows a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"sharderd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -12,11 +12,16 @@ without blocking the loop. How it ends:
   ``kill_grace + cancel_margin`` the task is force-killed; its result is never read;
 - the node or worker died: :class:`AttemptLostError`, and the job runs again as a new try;
 - no node can ever hold it: after ``schedule_timeout`` the job fails naming the resource.
+
+It also answers for the cluster which backends its nodes offer (``registry.AttemptHosts``): with
+``sdk_resource`` set, ``poprt`` is offered when a live node has that resource, so the daemon's own
+host needs neither the SDK nor IPUs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import shutil
 from collections.abc import Mapping, Sequence
@@ -97,6 +102,15 @@ class RayRunner:
             shared_dir=str(self.shared_dir),
         )
 
+    def offers(self, backend: str) -> bool | None:
+        """Whether a live node has ``sdk_resource`` (poprt only; else None: ask this host)."""
+        sdk = self.cluster.sdk_resource
+        if backend != "poprt" or not sdk or self._ray is None:
+            return None
+        return any(
+            n.get("Alive") and (n.get("Resources") or {}).get(sdk, 0) > 0 for n in self._ray.nodes()
+        )
+
     def close(self) -> None:
         if self._ray is not None:
             self._ray.shutdown()
@@ -156,16 +170,27 @@ class RayRunner:
         waited_since = anyio.current_time()
         while (reason := unschedulable_reason(need, self._ray.nodes())) is not None:
             if anyio.current_time() - waited_since >= self.cluster.schedule_timeout:
-                raise self._unschedulable(reason)
+                raise self._unschedulable(reason, need)
             await anyio.sleep(_FEASIBILITY_EVERY_S)
 
-    def _unschedulable(self, reason: str) -> UnschedulableError:
+    def _unschedulable(self, reason: str, need: Mapping[str, float]) -> UnschedulableError:
+        custom = {k: v for k, v in need.items() if k not in ("CPU", "memory")}
+        resources = f" --resources='{json.dumps(custom)}'" if custom else ""
         return UnschedulableError(
             f"{reason}; the attempt waited {self.cluster.schedule_timeout:g} s "
             "([cluster] schedule_timeout) for a node that can hold it",
-            hint="Add a node with that resource (`ray start --address=HEAD:PORT "
-            "--resources='{\"NAME\": 1}'`) or lower the [cluster] request.",
+            hint="Start a node that can (on a host with the Poplar SDK for poprt, with this "
+            f"daemon's RAY_AUTH_TOKEN_PATH): `ray start --address={self._head_address()}"
+            f"{resources}`, or lower the [cluster] request.",
         )
+
+    def _head_address(self) -> str:
+        """``HOST:PORT`` of the head (``[cluster] address`` may be ``auto``)."""
+        if self.cluster.address != "auto" or self._ray is None:
+            return self.cluster.address
+        with contextlib.suppress(Exception):
+            return str(self._ray.get_runtime_context().gcs_address)
+        return "HEAD:PORT"
 
     async def _wait(
         self,
@@ -201,7 +226,7 @@ class RayRunner:
                         and now - infeasible_since >= self.cluster.schedule_timeout
                     ):
                         ray.cancel(ref, force=True)
-                        raise self._unschedulable(reason)
+                        raise self._unschedulable(reason, need)
                 if (
                     started_at is not None
                     and now - started_at > timeout + kill_grace + self.cancel_margin

@@ -145,7 +145,11 @@ def _custom_target(name: str, table: Mapping[str, Any], where: str) -> Target:
     if "memory_bytes" not in values and values.get("tiles") and values.get("bytes_per_tile"):
         values["memory_bytes"] = values["tiles"] * values["bytes_per_tile"]
     missing = [
-        f.name for f in fields(Target) if f.default is dataclasses.MISSING and f.name not in values
+        f.name
+        for f in fields(Target)
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and f.name not in values
     ]
     if missing:
         raise LocatedError(

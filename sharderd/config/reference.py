@@ -118,6 +118,7 @@ def default_toml() -> str:
         "# [targets.my-ipu]",
         '# base = "ipu-mk2"          # start from a built-in',
         "# memory_bytes = 900000000  # and override what differs",
+        "# code_bytes_by_op = { MatMul = 262144 }  # per-op code and overhead tables (README, target keys)",
     ]
     return "\n".join(lines) + "\n"
 

@@ -98,7 +98,7 @@ class SearchConfig:
     optimal_perf: bool = False
     """After the first success keep compiling and benchmarking the next-best plans."""
     amp_fallbacks: tuple[float, ...] = (0.3, 0.1)
-    """``available_memory_proportion`` values retried when every plan is out of memory."""
+    """``available_memory_proportion`` values retried when every plan is out of memory; the lowest of them and the default is the probe's (one node compiled alone: its overflow there proves exit 3)."""
     speculative_margins: tuple[float, ...] = (1.3,)
     """Extra safety margins compiled in parallel with the plan when pool slots are free (after the probe, when there is one)."""
 
@@ -133,6 +133,8 @@ class PoprtConfig:
     """Untimed runs before benchmarking a compiled PopEF (``--optimal-perf``)."""
     benchmark_runs: int = 200
     """Timed runs of a compiled PopEF: one at a time for the median latency, then queued with ``execute_async`` for the throughput that ranks ``--optimal-perf``."""
+    ipus: int = -1
+    """IPUs of this host that benchmarks share: a run holds as many as its plan has devices, until it ends; -1: as many as ``DeviceManager().get_num_devices()`` says in the first compile attempt; 0: compile only (no measurement)."""
 
     def __post_init__(self) -> None:
         _check(
@@ -141,6 +143,7 @@ class PoprtConfig:
             "must be in (0, 1]",
         )
         _check(self.batches_per_step >= 0, "poprt.batches_per_step", "must be >= 0")
+        _check(self.ipus >= -1, "poprt.ipus", "must be >= -1")
         _check(
             self.num_io_tiles == 0 or (self.num_io_tiles >= 32 and self.num_io_tiles % 2 == 0),
             "poprt.num_io_tiles",
@@ -273,9 +276,9 @@ class ClusterConfig:
     memory_bytes: int = 0
     """Host memory one attempt needs: a job fails when no node has this much in all (Ray's ``memory`` request; not a limit); 0: none."""
     sdk_resource: str = ""
-    """Custom Ray resource that marks hosts with the Poplar SDK (``ray start --resources '{"poplar_sdk": 1}'``); empty: any node."""
+    """Custom Ray resource that marks hosts with the Poplar SDK (``ray start --resources '{"poplar_sdk": 1}'``): poprt (and ``auto``'s choice of it) is available when a live node has it, whatever the daemon's host imports; empty: any node, poprt must import on the daemon's host."""
     ipu_resource: str = ""
-    """Custom Ray resource requested (1 per attempt) by benchmark runs only (``--optimal-perf``, onnxruntime timing); empty: none."""
+    """Custom Ray resource that counts a node's IPUs (``ray start --resources='{"ipu": 16}'``): a poprt benchmark run (``--optimal-perf``) asks for as many as its plan has devices; empty: none."""
     schedule_timeout: float = 300.0
     """Seconds an attempt may wait for a node that can hold it before its job fails naming the resource."""
     cancel_margin: float = 5.0

@@ -47,6 +47,7 @@ _ADVICE: Final[Mapping[str, str]] = {
     "bad_model": "Re-export the model (or copy it again, whole), then retry it.",
     "bad_job": "Make the job a single `<name>.onnx` file, or a folder holding exactly one `.onnx` with its external data, then move it back into the inbox.",
     "does_not_fit": "Give the job more devices (sidecar `devices = N`) or a smaller batch size, then move it back into the inbox.",
+    "not_proven": "No split was found but none is proven impossible: give the job more devices (sidecar `devices = N`, N as measured above) or more compile attempts (`max_attempts`), then move it back into the inbox.",
     "backend_unavailable": "Install the backend on this host or choose another one (sidecar `backend = ...`).",
     "compile_failed": "Read the compiler output in error.json; if it is a bug, report it with that file attached.",
     "verification_failed": "The sharded model computes different results; report this with the model attached.",
@@ -196,6 +197,12 @@ def _error_md(
     core = ("reason", "message", "hint", "exit_code", "job_id", "name", "time")
     config = ("--config", config_path) if config_path is not None else (None, None)
     advice = info["hint"] or _ADVICE.get(str(info["reason"]), _DEFAULT_ADVICE)
+    if info["reason"] in ("does_not_fit", "not_proven") and info.get("min_devices"):
+        # The CLI's "--devices N" is no daemon command: say it as the sidecar line that does it.
+        advice = (
+            f"Set `devices = {info['min_devices']}` in the job's sidecar (`{info['name']}.toml`, or "
+            "`sharderd.toml` inside a folder job), then move the job back into the inbox."
+        )
     if not info["hint"] and info["reason"] in _REPRODUCIBLE and model is not None:
         advice = (
             f"See the same check again with {_command('sharderd', 'plan', model, '--devices', '1', *config)}; "

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sharderd.backends.ipus import IpuPool
 from sharderd.backends.pool import AttemptPool
 from sharderd.config import Config, DaemonConfig
 from sharderd.daemon.control import ensure_control_dir
@@ -55,7 +56,11 @@ def open_daemon(config: Config) -> Opened:
         control_dir = ensure_control_dir(dirs.state_dir, daemon.dir_mode)
     except OSError as exc:
         raise ConfigError(f"cannot create {dirs.state_dir / 'control'}: {exc.strerror}") from None
-    pool = AttemptPool(daemon.max_parallel_compiles, runner=_cluster_runner(config))
+    pool = AttemptPool(
+        daemon.max_parallel_compiles,
+        runner=_cluster_runner(config),
+        ipus=IpuPool.of_setting(config.poprt.ipus),
+    )
     opened = replace(config, daemon=daemon)
     return Opened(opened, dirs, lock, pool, control_dir, watch_mode(daemon))
 

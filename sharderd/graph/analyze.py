@@ -42,10 +42,23 @@ class Analysis:
     folded_nodes: int = 0
     """Nodes the compiler folds into constants (costed as weights of their readers, no time)."""
     folded_bytes: int = 0
+    folded: np.ndarray | None = None
+    """bool [N]: the nodes folded into constants (None: none)."""
 
     @property
     def model(self) -> onnx.ModelProto:
         return self.loaded.model
+
+    @property
+    def compiled(self) -> np.ndarray:
+        """bool [N]: the nodes the compiler keeps (not folded into constants)."""
+        if self.folded is None:
+            return np.ones(self.flow.num_nodes, dtype=bool)
+        return ~self.folded
+
+    @property
+    def compiled_ops(self) -> int:
+        return int(self.compiled.sum())
 
     @property
     def total_flops(self) -> float:
@@ -164,6 +177,7 @@ def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
         source_precision,
         folding.folded_nodes,
         folding.folded_bytes,
+        folding.folded,
     )
 
 

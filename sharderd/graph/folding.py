@@ -51,6 +51,8 @@ class Folding:
     folded_nodes: int
     folded_bytes: int
     """Bytes of folded tensors now held as weights (each counted once)."""
+    folded: np.ndarray
+    """bool [N]: the folded nodes."""
 
 
 def fold_constants(
@@ -59,7 +61,7 @@ def fold_constants(
     """Mark compile-time constants and re-home their bytes as weights of the nodes that read them."""
     foldable = _foldable_nodes(graph, flow, types)
     if not foldable.any():
-        return Folding(flow, costs, 0, 0)
+        return Folding(flow, costs, 0, 0, foldable)
     folded_tensor = np.zeros(flow.num_tensors, dtype=bool)
     produced = flow.producer >= 0
     folded_tensor[produced] = foldable[flow.producer[produced]]
@@ -105,6 +107,7 @@ def fold_constants(
         replace(costs, flops=flops, tensor_bytes=tensor_bytes),
         int(foldable.sum()),
         folded_bytes,
+        foldable,
     )
 
 

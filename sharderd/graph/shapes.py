@@ -7,13 +7,16 @@ so a model with 1.9 GB of inline weights is neither serialised twice nor read.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import onnx
+from onnx.helper import np_dtype_to_tensor_dtype
 
+from sharderd.graph.evaluate import constant_values, with_values
 from sharderd.graph.input_dims import UnresolvedDim, fix_input_dims, graph_inputs
 from sharderd.graph.propagate import (
     DataDependentShape,
+    Propagation,
     TensorType,
     inference_copy,
     propagate_shapes,
@@ -71,6 +74,8 @@ def shape_info(
     if fixed.unresolved:
         return ShapeInfo({}, fixed.shapes, fixed.resolved, fixed.unresolved, "none", None, (), ())
     result = propagate_shapes(light)
+    if _unknown(light.graph, result.types):
+        result = _with_constants_evaluated(light, result)
     return ShapeInfo(
         result.types,
         fixed.shapes,
@@ -81,6 +86,31 @@ def shape_info(
         result.data_dependent,
         result.notes,
     )
+
+
+def _unknown(graph: onnx.GraphProto, types: Mapping[str, TensorType]) -> int:
+    return sum(
+        1
+        for node in graph.node
+        for o in node.output
+        if o and (types.get(o) is None or types[o].shape is None)
+    )
+
+
+def _with_constants_evaluated(light: onnx.ModelProto, first: Propagation) -> Propagation:
+    """Infer again with the constant expressions' values as initializers (graph/evaluate.py); keep
+    whichever result leaves fewer tensors unknown."""
+    opset = next((o.version for o in light.opset_import if o.domain in ("", "ai.onnx")), 0)
+    values = constant_values(light.graph, first.types, opset)
+    if not values:
+        return first
+    again = propagate_shapes(with_values(light, values))
+    types = dict(again.types)
+    for name, value in values.items():
+        types[name] = TensorType(np_dtype_to_tensor_dtype(value.dtype), tuple(value.shape))
+    if _unknown(light.graph, types) >= _unknown(light.graph, first.types):
+        return first
+    return replace(again, types=types)
 
 
 def type_only_copy(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from sharderd.backends.ipus import IpuPool
 from sharderd.backends.pool import AttemptPool
 from sharderd.job.prove import Emit
 from sharderd.job.run import JobFailed, JobResult, JobSpec, shard_job, write_report
@@ -20,7 +21,7 @@ async def run_local(spec: JobSpec, *, emit: Emit) -> JobResult:
         JobFailed: the job's error and its partial report; when attempts ran, that report is
             already written to ``spec.out_dir`` (``failed.report["attempts"]`` is then not empty).
     """
-    pool = AttemptPool(spec.search.parallel)
+    pool = AttemptPool(spec.search.parallel, ipus=IpuPool.of_setting(spec.config.poprt.ipus))
     with tempfile.TemporaryDirectory(prefix="sharderd-attempts-") as work:
         try:
             return await shard_job(spec, pool=pool, workdir=Path(work), emit=emit)

@@ -11,9 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sharderd.errors import (
-    PlanInfeasibleError,
-)
+from sharderd.errors import NoSplitError, PlanInfeasibleError
 from sharderd.job.attempts import AttemptRecord
 from sharderd.job.prover_state import MAX_ESCALATIONS, PERF_BAND, ProverState
 from sharderd.job.session import PlanRequest, ProbeRequest
@@ -28,6 +26,7 @@ from sharderd.plan.search import (
     amp_closing,
     amp_for_plan,
     amp_retry,
+    amp_saving,
     stage_views,
 )
 
@@ -38,7 +37,7 @@ async def _or_none(planned: Awaitable[AttemptRecord | None]) -> AttemptRecord | 
     """A candidate, or None when its model has no split (a variant, not a verdict)."""
     try:
         return await planned
-    except PlanInfeasibleError:
+    except NoSplitError:
         return None
 
 
@@ -138,7 +137,7 @@ class NextAttempt(ProverState):
         return record
 
     async def _next(self) -> AttemptRecord | None:
-        if self.fatal is not None or self.done:
+        if self.fatal is not None or self.done or self.proof is not None:
             return None
         if self.calibrate_pending:
             self.calibrate_pending = False
@@ -165,7 +164,10 @@ class NextAttempt(ProverState):
                 record = await self._candidate(
                     label, self.margin, self.scale, None, self.default_amp, self.state.content()
                 )
-            except PlanInfeasibleError as err:
+            except PlanInfeasibleError as proof:
+                self.proof = proof  # the weights alone: no compile can change it
+                return None
+            except NoSplitError as err:
                 record = None
                 if err.fits_without_margin and self.margin > 1.0 and not self.state.observations:
                     # Only the margin rules it out: the compiler, not the prior, should decide.
@@ -182,6 +184,10 @@ class NextAttempt(ProverState):
             spec = await self._speculative()
             if spec is not None:
                 return spec
+        elif self.infeasible is not None and not self.attempts:
+            # The estimate rules every split out, which is no proof: the probe, when a node is
+            # large enough to be worth it, may make it one (``verdict.probe_proof``).
+            return await self._probe()
         if self.optimal_perf and self._any_ok():
             return await self._perf_variant()
         if (
@@ -241,7 +247,8 @@ class NextAttempt(ProverState):
         )
 
     async def _probe(self) -> AttemptRecord | None:
-        """The node needing most of a device alone, compiled alone (``plan.probe``)."""
+        """The node needing most of a device alone, compiled alone at the lowest AMP the config
+        allows (``plan.probe``): an overflow there proves no split fits (``errors.GROUNDS``)."""
         if not self._may_probe():
             return None
         index = len(self.attempts)
@@ -257,7 +264,7 @@ class NextAttempt(ProverState):
         return AttemptRecord(
             index=index,
             label=f"probe: {what} alone on one device",
-            key=AttemptKey(plan["digest"], self.default_amp),
+            key=AttemptKey(plan["digest"], self.lowest_amp),
             margin=1.0,
             scale=tuple(plan["memory_scale"]),
             orders=None,
@@ -276,7 +283,7 @@ class NextAttempt(ProverState):
             shutil.rmtree(directory)
         return directory
 
-    async def _verdict_check(self, err: PlanInfeasibleError) -> AttemptRecord | None:
+    async def _verdict_check(self, err: NoSplitError) -> AttemptRecord | None:
         """The corrected model has no split: is that true of every model the compiles allow?
 
         Without any compile the planner's own proof stands. Otherwise plan with the model exactly
@@ -291,7 +298,7 @@ class NextAttempt(ProverState):
             planned = await self._plan(
                 margin=1.0, scale=estimate, content=content, orders=None, amp=self.default_amp
             )
-        except PlanInfeasibleError as settled:
+        except NoSplitError as settled:
             self.infeasible = settled
             return None
         if planned is None:  # its split was compiled already and ran out of memory
@@ -321,7 +328,7 @@ class NextAttempt(ProverState):
             spaced = await self._plan(
                 margin=1.0, scale=roomy, content=content, orders=None, amp=self.default_amp
             )
-        except PlanInfeasibleError:
+        except NoSplitError:
             spaced = None
         return await self._candidate(
             "verdict check: the model as measured, no margin",
@@ -349,15 +356,17 @@ class NextAttempt(ProverState):
         settled = self.infeasible
         if settled is not None and settled.node is not None:
             # One node alone overflows under the measured model: a lower proportion helps only
-            # if its temporaries (in its activations) can close that node's own gap.
-            need, share = settled.node_need, settled.node_activation_share
+            # if what it can take off a tile can close that node's own gap.
+            need = settled.node_need
             fallbacks = self.config.search.amp_fallbacks
-            if amp_closing(need, share, self.default_amp, fallbacks) is None:
+            if amp_closing(need, self.default_amp, fallbacks) is None:
                 if not self.settle_note:
+                    lowest = min(fallbacks, default=self.default_amp)
                     self.settle_note = (
                         f"; a lower available_memory_proportion was not tried: {settled.node!r} alone "
-                        f"needs {need:.2f}× a device and its activations, where the temporaries it "
-                        f"bounds live, are {share * 100:.0f}% of that"
+                        f"needs {need:.2f}× a device, and a cap on temporaries of {lowest:g} instead "
+                        f"of {self.default_amp:g} takes at most "
+                        f"{amp_saving(self.default_amp, lowest) * 100:.0f}% of a tile off"
                     )
                 return None
         tried_amps = sorted({a.key.amp for _, a in ooms}, reverse=False)
@@ -404,7 +413,7 @@ class NextAttempt(ProverState):
         self, stage: StageView, need: float, amp: float, attempt: int, named: Observation
     ) -> str:
         lowest = min(self.config.search.amp_fallbacks, default=amp)
-        share = stage.activation_share * (1 - lowest / amp) if amp else 0.0
+        share = amp_saving(amp, lowest) / need if need else 0.0
         where = f"device {stage.device}'s worst tile"
         if named.device != stage.device:
             # Not what this compile measured: carried over from an overflow of mostly its nodes.
@@ -413,8 +422,8 @@ class NextAttempt(ProverState):
                 "mostly the same nodes measured it)"
             )
         return (
-            f"; a lower available_memory_proportion was not tried: the conv/matmul temporaries it bounds are at most "
-            f"{share * 100:.0f}% of {where} even at {lowest:g}, "
+            f"; a lower available_memory_proportion was not tried: it caps conv/matmul temporaries per "
+            f"tile, and even at {lowest:g} it can take at most {share * 100:.0f}% off {where}, "
             f"the gap is {(need - 1) / need * 100:.0f}%"
         )
 

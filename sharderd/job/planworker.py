@@ -14,6 +14,7 @@ from typing import Any
 
 from sharderd.config import PlanConfig, load_table
 from sharderd.errors import SharderdError
+from sharderd.job.codec import encode_error
 from sharderd.job.session import PlanService, plan_request_from, probe_request_from
 from sharderd.target import Target
 
@@ -42,7 +43,7 @@ def main() -> int:
             else:
                 raise SharderdError(f"unknown plan worker op {message.get('op')!r}")
         except SharderdError as err:
-            _answer({"ok": False, "error": err.to_dict()})
+            _answer({"ok": False, "error": encode_error(err)})
             continue
         _answer({"ok": True, "result": result})
     return 0

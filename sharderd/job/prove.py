@@ -27,7 +27,8 @@ from sharderd.errors import (
 from sharderd.job.attempts import AttemptRecord, ProveResult
 from sharderd.job.next_attempt import NextAttempt
 from sharderd.job.prover_state import Emit
-from sharderd.job.verdict import Verdict
+from sharderd.job.session import PlanRequest
+from sharderd.job.verdict import ending, fewest_devices, probe_proof
 from sharderd.plan.search import (
     learn,
     observe,
@@ -37,7 +38,7 @@ from sharderd.plan.search import (
 __all__ = ["AttemptRecord", "Emit", "ProveResult", "Prover"]
 
 
-class Prover(NextAttempt, Verdict):
+class Prover(NextAttempt):
     """One job's search: starts attempts, hands each outcome to the policy, stops as early as it can."""
 
     # -- outcomes --------------------------------------------------------------------------
@@ -54,14 +55,16 @@ class Prover(NextAttempt, Verdict):
                 amp=record.key.amp,
                 oom=outcome.oom,
                 tile_bytes=self.target.bytes_per_tile,
-                device_memory=outcome.device_memory,
-                device_capacity=self.target.memory_bytes,
             )
             self.state, record.correction = learn(self.state, record.key, new, views)
         if record.probe is not None:
             # A probe teaches memory only: it is never a result, and a probe PopRT rejects
             # (an op that will not compile alone) says nothing about the plan.
-            if kind == "oom" and outcome.oom is not None and self.infeasible is None:
+            if kind == "oom" and record.key.amp <= self.lowest_amp:
+                self.proof = probe_proof(record, outcome, self.devices, self.target)
+                self.stop_reason = f"attempt {record.index} proved no split fits: {record.probe} alone ran out of memory"
+                self.done = True
+            elif kind == "oom" and outcome.oom is not None and self.infeasible is None:
                 self.need_base = True
             return
         if kind == "ok":
@@ -190,7 +193,24 @@ class Prover(NextAttempt, Verdict):
             failure = failed.error
         if failure is not None:
             raise failure
-        return await self._result()
+        estimate, content = self.state.scales(), self.state.estimate_content()
+
+        def measured(devices: int) -> PlanRequest:
+            scale = (*estimate, *(1.0,) * (devices - self.devices))
+            return self._request(1.0, scale, None, None, devices, content=content)
+
+        return await ending(
+            self.attempts,
+            self._best_ok(),
+            fatal=self.fatal,
+            proof=self.proof,
+            settled=self.infeasible,
+            note=self.settle_note,
+            devices=self.devices,
+            target=self.target,
+            max_attempts=self.max_attempts,
+            fewest=lambda: fewest_devices(self.session, measured, self.devices),
+        )
 
     async def _loop(
         self,
@@ -235,7 +255,10 @@ class Prover(NextAttempt, Verdict):
                 )
                 if self.done:
                     for other in self.running.values():
-                        other.cancelled_because = f"attempt {record.index} compiled first and no running attempt can beat it"
+                        other.cancelled_because = (
+                            self.stop_reason
+                            or f"attempt {record.index} compiled first and no running attempt can beat it"
+                        )
                         other.scope.cancel()
                     self.running.clear()
                     break

@@ -9,6 +9,7 @@ from typing import Any
 from sharderd.backends.pool import AttemptPool
 from sharderd.config import Config
 from sharderd.errors import (
+    NoSplitError,
     PlanInfeasibleError,
     SharderdError,
 )
@@ -89,8 +90,14 @@ class ProverState:
         self.spec_margins = list(config.search.speculative_margins)
         self.hypothesis_pending = False
         self.perf_variants: list[tuple[float, tuple[str, ...] | None]] | None = None
-        self.infeasible: PlanInfeasibleError | None = None
-        """Set once "does not fit" is settled: the model as measured has no split either."""
+        self.lowest_amp = (
+            min((self.default_amp, *config.search.amp_fallbacks)) if backend == "poprt" else 0.0
+        )
+        """The probe compiles at this AMP: an overflow there holds at every AMP the job may use."""
+        self.infeasible: NoSplitError | None = None
+        """Set once the search gives up: the model as measured has no split either (no proof)."""
+        self.proof: PlanInfeasibleError | None = None
+        """Set on a proof (``errors.GROUNDS``) that no split fits: the search ends with it."""
         self.settle_note = ""
         self.fatal: SharderdError | None = None
         self.done = False

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from sharderd.backends.pool import AttemptPool
-from sharderd.backends.registry import resolve_backend
+from sharderd.backends.registry import AttemptHosts, resolve_backend
 from sharderd.config import Config, SearchOptions
-from sharderd.errors import PlanInfeasibleError, SharderdError
+from sharderd.errors import NoSplitError, NotProvenError, SharderdError
 from sharderd.fsutil import atomic_write
 from sharderd.job.prove import Emit, Prover, ProveResult
 from sharderd.job.session import (
@@ -90,7 +90,8 @@ async def shard_job(
 ) -> JobResult:
     config = spec.config
     target = config.target(spec.target)
-    backend = resolve_backend(spec.search.backend, target)
+    hosts = pool.runner if isinstance(pool.runner, AttemptHosts) else None
+    backend = resolve_backend(spec.search.backend, target, hosts)
     emit(
         "backend.selected",
         {"backend": backend, "requested": spec.search.backend, "target": target.name},
@@ -134,16 +135,18 @@ async def shard_job(
         )
         summary = await session.summary()
         if backend == "none":
-            final = await session.plan(
-                PlanRequest(
-                    spec.devices,
-                    config.plan.safety_margin,
-                    None,
-                    None,
-                    str(spec.out_dir),
-                    spec.stem,
-                    False,
+            request = PlanRequest(spec.devices, config.plan.safety_margin, stem=spec.stem)
+            planned = await session.plan(request)
+            if planned["plan"]["method"] == "overfull":
+                raise NotProvenError(
+                    f"no fitting split found on {spec.devices} × {target.name} (not proven): the "
+                    "least overfull split the order search found overflows the estimate, no estimate "
+                    "rules every split out, and backend none compiles nothing",
+                    hint=f"rerun with --devices {spec.devices + 1}, or with a compile backend to let "
+                    "the compiler decide",
                 )
+            final = await session.plan(
+                replace(request, write_dir=str(spec.out_dir), link_external=False)
             )
             emit(
                 "plan.finished",
@@ -181,8 +184,8 @@ async def shard_job(
                 attempts = [attempt_dict(a) for a in prover.attempts]
             final = await _write_chosen(session, spec, proven)
             status, extra = "compiled", _extra(proven)
-    except PlanInfeasibleError as err:
-        raise JobFailed(err, partial("does_not_fit", err)) from None
+    except NoSplitError as err:
+        raise JobFailed(err, partial(err.reason, err)) from None
     except JobFailed:
         raise
     except SharderdError as err:

@@ -21,16 +21,9 @@ import anyio
 from anyio.abc import Process
 
 from sharderd.config import PlanConfig
-from sharderd.errors import (
-    ConfigError,
-    DimsUnresolvedError,
-    ModelInvalidError,
-    OutputWriteError,
-    PlanInfeasibleError,
-    SharderdError,
-    WorkerDiedError,
-)
+from sharderd.errors import OutputWriteError, WorkerDiedError
 from sharderd.graph.analyze import Analysis
+from sharderd.job.codec import decode_error
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.observations import stage_contents
 from sharderd.report.build import model_facts, plan_section
@@ -43,7 +36,6 @@ __all__ = [
     "PlanSession",
     "ProbeRequest",
     "WorkerSession",
-    "error_from_dict",
 ]
 
 
@@ -188,33 +180,6 @@ class LocalSession:
         return None
 
 
-_ERRORS: dict[str, type[SharderdError]] = {
-    OutputWriteError.reason: OutputWriteError,
-    ModelInvalidError.reason: ModelInvalidError,
-    ConfigError.reason: ConfigError,
-}
-
-
-def error_from_dict(data: Mapping[str, Any]) -> SharderdError:
-    """Rebuild the error a plan worker reported, keeping its type (and so its exit code)."""
-    reason = data.get("reason")
-    message = str(data.get("message", "planning failed"))
-    hint = data.get("hint")
-    if reason == PlanInfeasibleError.reason:
-        return PlanInfeasibleError(
-            message,
-            hint=hint,
-            device=data.get("device"),
-            short_bytes=data.get("short_bytes"),
-            min_devices=data.get("min_devices"),
-            fits_without_margin=bool(data.get("fits_without_margin", False)),
-        )
-    if reason == DimsUnresolvedError.reason:
-        dims = tuple((str(i), int(a), str(n)) for i, a, n in data.get("dims", []))
-        return DimsUnresolvedError(message, hint=hint, dims=dims)
-    return _ERRORS.get(str(reason), SharderdError)(message, hint=hint)
-
-
 class WorkerSession:
     """The plan service in a child process; requests and answers are JSON lines."""
 
@@ -270,7 +235,7 @@ class WorkerSession:
             line, _, self._buffer = self._buffer.partition(b"\n")
         answer = json.loads(line)
         if not answer.get("ok"):
-            raise error_from_dict(answer.get("error", {}))
+            raise decode_error(answer.get("error", {}))
         return answer["result"]
 
     def _stderr_tail(self, limit: int = 2000) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sharderd.graph.analyze import Analysis
+from sharderd.plan.op_costs import node_code_bytes
 from sharderd.target import Target
 
 __all__ = ["MemoryFloor", "lower_bound_all_splits", "memory_floor"]
@@ -57,7 +58,8 @@ def memory_floor(analysis: Analysis, target: Target) -> MemoryFloor:
     flow, costs = analysis.flow, analysis.costs
     n = flow.num_nodes
     tb = costs.tensor_bytes.astype(np.float64)
-    node = np.full(n, float(target.code_bytes_per_node))
+    code = node_code_bytes(analysis, target).astype(np.float64)
+    node = code.copy()
     ins_of = np.repeat(np.arange(n), np.diff(flow.in_ptr))
     np.add.at(node, ins_of, tb[flow.in_idx])
     outs_of = np.repeat(np.arange(n), np.diff(flow.out_ptr))
@@ -65,5 +67,5 @@ def memory_floor(analysis: Analysis, target: Target) -> MemoryFloor:
     ws_of = np.repeat(np.arange(n), np.diff(flow.nw_ptr))
     np.add.at(node, ws_of, flow.weight_bytes[flow.nw_idx].astype(np.float64))
     used = np.unique(flow.nw_idx)
-    total = float(flow.weight_bytes[used].sum()) + float(target.code_bytes_per_node) * n
+    total = float(flow.weight_bytes[used].sum()) + float(code.sum())
     return MemoryFloor(node, total)

@@ -30,7 +30,7 @@ def build_plan(
     scale: np.ndarray,
     *,
     bound: float,
-    overhead_per_node: float = 0.0,
+    overhead_s: np.ndarray | None = None,
 ) -> Plan:
     """The plan of ``partition`` along ``oc``'s order, with the caps and corrections it was solved under."""
     flow = analysis.flow
@@ -45,7 +45,7 @@ def build_plan(
         comm = comm_in + comm_out
         total = oc.stage_time(a, b)
         host = 0.0 if oc.host_time is None else float(oc.host_time[a:b].sum())
-        overhead = overhead_per_node * (b - a)
+        overhead = 0.0 if overhead_s is None else float(overhead_s[oc.order[a:b]].sum())
         stages.append(
             StageCost(
                 index=s,
@@ -71,6 +71,7 @@ def build_plan(
                 host_s=host,
                 comm_in_s=comm_in,
                 comm_out_s=comm_out,
+                ops=int(analysis.compiled[oc.order[a:b]].sum()),
             )
         )
     cut_tensors = []

@@ -27,6 +27,7 @@ import numpy as np
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.contract import Groups
 from sharderd.plan.ideals import IdealSplit
+from sharderd.plan.op_costs import node_code_bytes
 from sharderd.plan.problem import Problem
 from sharderd.plan.stage_memory import StageMemory
 from sharderd.target import Target
@@ -90,10 +91,9 @@ def solve_groups(
     u = per.time + per.cut / bw
     v = per.cut / bw - per.time
 
-    pairs = _pairs(packed, per, upper_bound)
-    if pairs is None:
+    pair_i, pair_j = _pairs(packed, per, upper_bound)
+    if pair_i is None or pair_j is None:
         return None
-    pair_i, pair_j = pairs
     limit = upper_bound * (1 + 1e-9)
     stage_time = u[pair_j] + v[pair_i]
     keep = stage_time <= limit
@@ -133,7 +133,7 @@ def solve_groups(
             pi, pj = pair_i[rows], pair_j[rows]
             score = np.maximum(best[pi], stage_time[rows])
             # Stage memory: the code term is exact, the rest at most ``loose`` (module docstring).
-            code = target.code_bytes_per_node * (per.nodes[pj] - per.nodes[pi])
+            code = per.code[pj] - per.code[pi]
             alive = np.isfinite(score) & (score <= limit) & (code <= caps[s])
             loose = per.weights[pj] - per.weights[pi] + per.cut[pi] + per.made[pj] - per.made[pi]
             sure = alive & (loose + code <= caps[s])
@@ -193,6 +193,8 @@ class _PerIdeal:
     weights: np.ndarray
     """Weight bytes of its nodes, a shared weight once per reader (a loose memory term)."""
     nodes: np.ndarray
+    code: np.ndarray
+    """Code bytes of its nodes (folded nodes add none)."""
     costed: np.ndarray
     """Its nodes with FLOPs or weights."""
 
@@ -227,6 +229,9 @@ class _PerIdeal:
             return np.bincount(of, weights=values.astype(np.float64), minlength=g_count)
 
         nodes = member.astype(np.int64) @ np.bincount(of, minlength=g_count)
+        code = member.astype(np.int64) @ np.bincount(
+            of, weights=node_code_bytes(analysis, target), minlength=g_count
+        ).astype(np.int64)
         costed_count = member.astype(np.int64) @ np.bincount(of, weights=costed, minlength=g_count)
 
         # Per tensor, the groups that read it: it leaves ideal J when made in J and read outside.
@@ -273,6 +278,7 @@ class _PerIdeal:
             made=made + hin,
             weights=weights,
             nodes=nodes,
+            code=code,
             costed=costed_count,
         )
 
@@ -336,12 +342,12 @@ def _window_work(time: np.ndarray, upper_bound: float) -> int:
 
 def _pairs(
     packed: np.ndarray, per: _PerIdeal, upper_bound: float
-) -> tuple[np.ndarray, np.ndarray] | None:
+) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
     """Every nested pair ``I ⊊ J`` whose stage could be no slower than ``upper_bound``."""
     m, words = packed.shape
     by_time, lo, hi = _windows(per.time, upper_bound)
     if int(((hi - lo) * words).sum()) > MAX_CONTAINMENT_WORDS:
-        return None
+        return None, None
     out_i: list[np.ndarray] = []
     out_j: list[np.ndarray] = []
     total = 0
@@ -352,7 +358,7 @@ def _pairs(
         found = cand[inside]
         total += len(found)
         if total > MAX_PAIRS:
-            return None
+            return None, None
         out_i.append(found)
         out_j.append(np.full(len(found), j, dtype=np.int32))
     return np.concatenate(out_i).astype(np.int32), np.concatenate(out_j).astype(np.int32)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sharderd.graph.analyze import Analysis
+from sharderd.plan.op_costs import node_code_bytes
 from sharderd.target import Target
 
 __all__ = ["MAX_IDEALS", "MAX_NODES", "IdealSplit", "solve_ideals"]
@@ -151,7 +152,7 @@ def solve_ideals(
                 input_reads,
                 wmat,
                 wbytes,
-                target.code_bytes_per_node,
+                node_code_bytes(analysis, target),
             )
         )
 
@@ -227,7 +228,7 @@ def _stage_memory(
     input_reads: list[list[int]],
     wmat: np.ndarray,
     wbytes: np.ndarray,
-    code: int,
+    code: np.ndarray,
 ) -> np.ndarray:
     """Bytes of stage ``J \\ I`` for every start ideal ``I`` in ``starts``, as the order model counts them."""
     if not len(starts):
@@ -250,4 +251,4 @@ def _stage_memory(
         for i in input_reads[q]:
             live += np.where((before & t_readers[i]) == 0, t_bytes[i], 0)
         peak = np.maximum(peak, np.where(here, live, 0))
-    return weights + peak + code * in_stage.sum(1)
+    return weights + peak + in_stage.astype(np.int64) @ code

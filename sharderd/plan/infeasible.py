@@ -1,28 +1,75 @@
-"""Proofs that no split fits, as ``PlanInfeasibleError`` with the numbers a user acts on.
+"""Why no split was found: a proof (``PlanInfeasibleError``, exit 3) or an estimate (``NotProvenError``,
+exit 5), with the numbers a user acts on.
 
-A "does not fit" must be true: each error here rests on a fact that rules out every split (one node
-too large for any device, the distinct weights over the devices' total, every ideal checked), and
-names how many devices would do where some number would.
+A proof rests only on facts true of the real compiler (``errors.GROUNDS``): here, the weights
+alone, with no margin and no per-node estimate (``weights_proof``). Everything else the planner
+concludes from its estimates (inputs, outputs, per-op code, the safety margin, learned
+corrections) rules splits out of the *estimate* only, and says so.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from sharderd.errors import PlanInfeasibleError
+from sharderd.errors import NotProvenError, PlanInfeasibleError
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.bounds import memory_floor
 from sharderd.plan.ideals import solve_ideals
+from sharderd.plan.types import Plan
 from sharderd.target import Target
 from sharderd.units import fmt_bytes
 
-__all__ = ["activation_bytes", "infeasible_exact", "infeasible_proof", "node_too_large"]
+__all__ = [
+    "activation_bytes",
+    "infeasible_exact",
+    "infeasible_proof",
+    "overfull_not_proven",
+    "weights_proof",
+]
+
+
+def weights_proof(analysis: Analysis, target: Target, devices: int) -> PlanInfeasibleError | None:
+    """One node's weights alone over a device, or the distinct weights over all devices together.
+
+    Weights live on the device that runs their node whatever the split, so either rules out
+    every split; nothing else (inputs, code, margin) is counted.
+    """
+    flow, capacity = analysis.flow, target.memory_bytes
+    per_node = np.zeros(flow.num_nodes)
+    ws_of = np.repeat(np.arange(flow.num_nodes), np.diff(flow.nw_ptr))
+    np.add.at(per_node, ws_of, flow.weight_bytes[flow.nw_idx].astype(np.float64))
+    worst = int(np.argmax(per_node)) if len(per_node) else 0
+    if len(per_node) and per_node[worst] > capacity:
+        node = flow.node_names[worst]
+        return PlanInfeasibleError(
+            f"the model does not fit on any number of {target.name} devices: node {node!r}'s weights "
+            f"alone are {fmt_bytes(per_node[worst])}, more than one device's {fmt_bytes(capacity)}",
+            grounds="node_weights",
+            hint="use a smaller model, a lower precision, or a target with more memory",
+            short_bytes=int(per_node[worst] - capacity),
+            node=node,
+        )
+    total = float(flow.weight_bytes[np.unique(flow.nw_idx)].sum())
+    if total <= capacity * devices:
+        return None
+    needed = max(devices + 1, math.ceil(total / capacity))
+    return PlanInfeasibleError(
+        f"the model does not fit on {devices} × {target.name}: its distinct weights alone are "
+        f"{fmt_bytes(total)}, more than the {devices} devices' {fmt_bytes(capacity * devices)} together. "
+        f"At least {needed} devices are needed to hold them.",
+        grounds="weights_total",
+        hint=f"rerun with --devices {needed} (a lower bound: activations and code need room too)",
+        short_bytes=int(total - capacity * devices),
+        min_devices=needed,
+    )
 
 
 def node_too_large(
     analysis: Analysis, target: Target, margin: float, typical: float
-) -> PlanInfeasibleError | None:
-    """A node that cannot fit even alone (its weights, inputs, outputs and code) rules out every split."""
+) -> NotProvenError | None:
+    """A node the estimate says cannot fit even alone (its weights, inputs, outputs, code, × margin)."""
     floor = memory_floor(analysis, target)
     capacity = target.memory_bytes
     worst = int(np.argmax(floor.node_bytes))
@@ -31,14 +78,13 @@ def node_too_large(
         return None
     node = analysis.flow.node_names[worst]
     learned = f" × correction {typical:.3g}" if typical != 1.0 else ""
-    error = PlanInfeasibleError(
-        f"node {node!r} alone needs {fmt_bytes(need)} (its weights, inputs, outputs and code, "
-        f"× margin {margin:g}{learned}) but one {target.name} device holds {fmt_bytes(capacity)}: "
-        "no number of pipeline stages can fit it",
-        hint="reduce batch_size or the op's size, or use a target with more memory",
-        device=None,
+    error = NotProvenError(
+        f"no fitting split found (not proven): node {node!r} alone is estimated at {fmt_bytes(need)} "
+        f"(its weights, inputs, outputs and code, × margin {margin:g}{learned}) but one {target.name} "
+        f"device holds {fmt_bytes(capacity)}; an estimate, not a proof",
+        hint="`sharderd shard` with a compile backend measures it (its probe compiles the node alone); "
+        "or reduce batch_size",
         short_bytes=int(need - capacity),
-        min_devices=None,
     )
     error.node = node
     error.node_need = need / capacity
@@ -58,8 +104,8 @@ def activation_bytes(analysis: Analysis, node: int) -> float:
 
 def infeasible_proof(
     analysis: Analysis, target: Target, devices: int, margin: float, scale: np.ndarray
-) -> PlanInfeasibleError | None:
-    """Facts that rule out every split without searching them, or None (the search was not a proof)."""
+) -> NotProvenError | None:
+    """Estimates that rule out every split of the *estimate* without searching them, or None."""
     typical = float(np.median(scale))
     too_large = node_too_large(analysis, target, margin, typical)
     if too_large is not None:
@@ -70,15 +116,14 @@ def infeasible_proof(
         return None
     needed = floor.min_devices(target.memory_bytes / (margin * typical))
     short = int((floor.total_bytes - caps.sum()) * margin * typical)
-    return PlanInfeasibleError(
-        f"the model does not fit on {devices} × {target.name}: its distinct weights and per-node code "
-        f"alone need {fmt_bytes(floor.total_bytes * margin)} (× margin {margin:g}), more than the "
-        f"{devices} devices' {fmt_bytes(caps.sum() * margin)} together: short by {fmt_bytes(max(short, 0))}. "
-        f"At least {needed} devices are needed.",
-        hint=f"rerun with --devices {max(needed, devices + 1)} (or lower plan.safety_margin if you trust the estimate)",
-        device=None,
+    return NotProvenError(
+        f"no fitting split found on {devices} × {target.name} (not proven): its distinct weights and "
+        f"estimated per-node code need {fmt_bytes(floor.total_bytes * margin)} (× margin {margin:g}), "
+        f"more than the {devices} devices' {fmt_bytes(caps.sum() * margin)} together; the estimate "
+        f"suggests {needed} devices.",
+        hint=f"rerun with --devices {max(needed, devices + 1)}",
         short_bytes=short,
-        min_devices=needed,
+        min_devices=max(needed, devices + 1),
     )
 
 
@@ -91,8 +136,8 @@ def infeasible_exact(
     margin: float,
     scale: np.ndarray,
     ideals: int,
-) -> PlanInfeasibleError:
-    """Every valid split was checked and none fits: say so, and how many devices do fit."""
+) -> NotProvenError:
+    """Every valid split of the estimate was checked and none fits: say so, and how many devices do."""
     typical = float(np.median(scale))
     too_large = node_too_large(analysis, target, margin, typical)
     if too_large is not None:
@@ -109,19 +154,16 @@ def infeasible_exact(
         if found is not None and found.assignment is not None:
             needed = more
             break
-    error = PlanInfeasibleError(
-        f"the model does not fit on {devices} × {target.name}: none of its valid splits (every split "
-        f"over its {ideals} ideals was checked) fits the devices' memory at margin {margin:g}"
-        + (
-            f" with the learned corrections {', '.join(f'{x:.3g}' for x in scale)}"
-            if (scale != 1.0).any()
-            else ""
-        )
-        + (f". At least {needed} devices are needed." if needed is not None else "."),
-        hint=f"rerun with --devices {needed}"
-        if needed is not None
-        else "use a target with more memory",
-        device=None,
+    learned = (
+        f" with the learned corrections {', '.join(f'{x:.3g}' for x in scale)}"
+        if (scale != 1.0).any()
+        else ""
+    )
+    error = NotProvenError(
+        f"no fitting split found on {devices} × {target.name} (not proven): none of the valid splits "
+        f"(every split over its {ideals} ideals was checked) fits the estimated memory at margin "
+        f"{margin:g}{learned}" + (f"; the estimate suggests {needed} devices." if needed else "."),
+        hint=f"rerun with --devices {needed}" if needed is not None else None,
         min_devices=needed,
     )
     if margin > 1.0:
@@ -141,3 +183,18 @@ def infeasible_exact(
                 "`sharderd shard` with a compile backend tries it once."
             )
     return error
+
+
+def overfull_not_proven(plan: Plan, target: Target) -> NotProvenError:
+    """A plan no compile will check that the estimate says overflows (``method == "overfull"``)."""
+    worst = max(plan.stages, key=lambda s: s.memory_bytes / max(s.budget_bytes, 1))
+    return NotProvenError(
+        f"no fitting split found on {plan.devices} × {target.name} (not proven): the least overfull "
+        f"split the order search found puts {fmt_bytes(worst.memory_bytes)} on device {worst.index}, "
+        f"over its budget of {fmt_bytes(worst.budget_bytes)} (margin {plan.safety_margin:g}); no "
+        "estimate rules every split out, and no compile was asked for",
+        hint=f"rerun with --devices {plan.devices + 1}, or `sharderd shard` with a compile backend "
+        "to let the compiler decide",
+        device=worst.index,
+        short_bytes=int(worst.memory_bytes - worst.budget_bytes),
+    )

@@ -126,9 +126,7 @@ def content_model(
     measured: list[tuple[Runs, float]] = []
     for o in sorted(at, key=lambda o: o.attempt):
         assert o.stage is not None
-        if o.fits:
-            if o.measured is not None:
-                measured.append((o.stage.nodes(), stage_factor(o, aim(o.measured))))
+        if o.fits:  # a fit says the split fits; no backend reports its bytes
             continue
         for i, chain in enumerate(chains):
             nested = _nested(chain.observation, o, aim)

@@ -1,8 +1,8 @@
 """What the search reads of a plan and of a finished compile: pure values.
 
 A plan is a prediction per stage (``StageView``); a compile is a measurement of one device's worst
-tile (an OOM names one tile) or, on success, of every device the compiler reports
-(``Observation``). Attempts are keyed by (plan digest, available_memory_proportion), so no split
+tile (an OOM names one tile) or a success, which says only that the split fits (no backend
+reports the bytes of a compile that fits) (``Observation``). Attempts are keyed by (plan digest, available_memory_proportion), so no split
 is compiled twice with the same options.
 """
 
@@ -200,18 +200,11 @@ def observe(
     amp: float,
     oom: OomInfo | None = None,
     tile_bytes: int = 0,
-    device_memory: Sequence[int] | None = None,
-    device_capacity: int = 0,
 ) -> tuple[Observation, ...]:
-    """The observations one compile gives: one per device on success, the named one on OOM."""
+    """The observations one compile gives: one per device on success (no bytes: no backend
+    reports them for a compile that fits), the named one on OOM."""
     if kind == "ok":
-        out = []
-        for stage in stages:
-            measured = None
-            if device_memory is not None and stage.device < len(device_memory) and device_capacity:
-                measured = device_memory[stage.device] / device_capacity
-            out.append(Observation(attempt, stage, True, measured, amp))
-        return tuple(out)
+        return tuple(Observation(attempt, stage, True, None, amp) for stage in stages)
     assert oom is not None
     d = oom.device
     if d is None or not 0 <= d < len(stages):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sharderd.graph.analyze import Analysis
+from sharderd.plan.op_costs import node_code_bytes, node_overhead_s
 from sharderd.target import Target
 
 __all__ = ["OrderedCosts", "calibrated_compute_s", "ordered_costs"]
@@ -40,7 +41,8 @@ class OrderedCosts:
     w_idx: np.ndarray
     """CSR over positions: weight ids each node needs."""
     weight_bytes: np.ndarray
-    code_bytes_per_node: int
+    code_prefix: np.ndarray
+    """int64 [n+1]: cumulative code bytes of the nodes along the order (folded nodes add none)."""
     link_bytes_per_s: float
     producer_pos: np.ndarray
     """int64 [T]: position where each tensor appears (first reader for graph inputs; -1 unused)."""
@@ -69,19 +71,22 @@ class OrderedCosts:
         return (
             self.stage_weights(i, j),
             int(self.live_bytes[i:j].max()) if j > i else 0,
-            self.code_bytes_per_node * (j - i),
+            int(self.code_prefix[j] - self.code_prefix[i]),
         )
 
 
 def calibrated_compute_s(
     analysis: Analysis, target: Target, measured_s: np.ndarray | None
 ) -> np.ndarray:
-    """Per-node compute seconds: the FLOP model, or measured times where a profile has them.
+    """Per-node compute seconds: the FLOP model plus each compiled node's overhead (a folded node
+    costs nothing), or measured times where a profile has them.
 
     Nodes a profile misses (fused away, too fast to record) get the analytic time scaled by the
     median measured/analytic ratio, so the two sources stay on one scale.
     """
-    analytic = analysis.costs.flops / target.effective_flops_per_s + target.op_overhead_s
+    analytic = analysis.costs.flops / target.effective_flops_per_s + node_overhead_s(
+        analysis, target
+    )
     if measured_s is None:
         return analytic
     known = np.isfinite(measured_s) & (measured_s >= 0)
@@ -149,6 +154,8 @@ def ordered_costs(
         w_idx = np.zeros(0, dtype=np.int64)
     has_weights = w_counts > 0
     costed = (flops > 0) | has_weights
+    code_prefix = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(node_code_bytes(analysis, target)[order], out=code_prefix[1:])
     return OrderedCosts(
         order=order,
         node_time=node_time,
@@ -160,7 +167,7 @@ def ordered_costs(
         w_ptr=w_ptr,
         w_idx=w_idx,
         weight_bytes=flow.weight_bytes,
-        code_bytes_per_node=target.code_bytes_per_node,
+        code_prefix=code_prefix,
         link_bytes_per_s=target.link_bytes_per_s,
         producer_pos=produced_at,
         last_pos=last,

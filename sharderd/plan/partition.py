@@ -44,7 +44,7 @@ def memory_window(oc: OrderedCosts, cap: float) -> np.ndarray:
     w_idx = oc.w_idx.tolist()
     wbytes = oc.weight_bytes.tolist()
     live = oc.live_bytes.tolist()
-    code = oc.code_bytes_per_node
+    code = oc.code_prefix.tolist()
     counts = [0] * len(wbytes)
     weights = 0
     peak: deque[int] = deque()
@@ -58,7 +58,7 @@ def memory_window(oc: OrderedCosts, cap: float) -> np.ndarray:
         while peak and live[peak[-1]] <= live[q]:
             peak.pop()
         peak.append(q)
-        while i <= q and weights + live[peak[0]] + code * (j - i) > cap:
+        while i <= q and weights + live[peak[0]] + code[j] - code[i] > cap:
             for w in w_idx[w_ptr[i] : w_ptr[i + 1]]:
                 counts[w] -= 1
                 if counts[w] == 0:

@@ -10,14 +10,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from sharderd.errors import ConfigError, PlanInfeasibleError
+from sharderd.errors import ConfigError, NoSplitError, NotProvenError
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.beyond_orders import DP_GAIN, improve
 from sharderd.plan.bounds import lower_bound_all_splits
 from sharderd.plan.build import build_plan, costed_split
 from sharderd.plan.content import ContentCorrection, corrected_analysis
 from sharderd.plan.ideals import solve_ideals
-from sharderd.plan.infeasible import infeasible_exact, infeasible_proof
+from sharderd.plan.infeasible import infeasible_exact, infeasible_proof, weights_proof
+from sharderd.plan.op_costs import node_overhead_s
 from sharderd.plan.order import candidate_orders
 from sharderd.plan.ordered_costs import OrderedCosts, calibrated_compute_s, ordered_costs
 from sharderd.plan.partition import Partition, solve
@@ -55,17 +56,51 @@ def plan_stages(
 ) -> Plan:
     """Split into exactly ``devices`` pipeline stages, minimising the slowest stage.
 
+    Raises ``PlanInfeasibleError`` (exit 3) only on a proof that holds for the real compiler
+    (``infeasible.weights_proof``: the weights alone); when its estimates rule every split out,
+    or its search finds none under learned corrections, ``NotProvenError`` (exit 5). The rest is
+    ``_search``'s.
+    """
+    if 1 <= devices <= analysis.flow.num_nodes:
+        proof = weights_proof(analysis, target, devices)
+        if proof is not None:
+            raise proof
+    return _search(
+        analysis,
+        target,
+        devices,
+        safety_margin=safety_margin,
+        memory_scale=memory_scale,
+        orders=orders,
+        measured_s=measured_s,
+        content=content,
+    )
+
+
+def _search(
+    analysis: Analysis,
+    target: Target,
+    devices: int,
+    *,
+    safety_margin: float,
+    memory_scale: Sequence[float] | np.ndarray | None = None,
+    orders: Sequence[str] | None = None,
+    measured_s: np.ndarray | None = None,
+    content: ContentCorrection | None = None,
+) -> Plan:
+    """The best split of the estimate, or ``NotProvenError``.
+
     ``content`` (factors on the bytes of nodes a compile measured, ``plan.content``) plans on the
     corrected sizes and is a learned correction like ``memory_scale``.
 
     Stage s must satisfy ``memory × safety_margin × memory_scale[s] <= target.memory_bytes``.
     ``measured_s[node]`` (seconds, NaN where unknown) replaces the FLOP model's compute time
     (``cost_model = "measured"``). Small DAGs are solved exactly over every valid split (DP over
-    ideals); larger ones on each candidate order. Without ``memory_scale`` it raises
-    ``PlanInfeasibleError`` only with a proof that no valid split fits; when the order search finds
-    none but cannot prove it, the least overfull split comes back (``method == "overfull"``) for a
-    compile to decide. With learned corrections it raises (saying the search was not exhaustive),
-    so the compile search's own least-overfull retry decides.
+    ideals); larger ones on each candidate order. Without ``memory_scale`` it raises only when the
+    estimate rules every split out; when the order search finds none but the estimate does not
+    rule them out, the least overfull split comes back (``method == "overfull"``) for a compile to
+    decide. With learned corrections it raises (saying the search was not exhaustive), so the
+    compile search decides what to try next.
     """
     if content is not None and not content.identity:
         return _plan_corrected(
@@ -100,7 +135,7 @@ def plan_stages(
     costed = (analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)
     require_costed = int(costed.sum()) >= devices
 
-    overhead = target.op_overhead_s if measured_s is None else 0.0
+    overhead = node_overhead_s(analysis, target) if measured_s is None else None
     problem = Problem(analysis, target, compute_s, reference, caps, require_costed)
 
     def plan_of(oc: OrderedCosts, name: str, partition: Partition) -> Plan:
@@ -114,7 +149,7 @@ def plan_stages(
             safety_margin,
             scale,
             bound=bound,
-            overhead_per_node=overhead,
+            overhead_s=overhead,
         )
 
     def plan_of_split(assignment: np.ndarray, method: str) -> Plan:
@@ -170,7 +205,7 @@ def plan_stages(
             f"it is within {upper / bound - 1:.2%} of the lower bound, so no valid split is "
             f"{DP_GAIN:.0%} faster"
             if met
-            else "a proof rules every split out"
+            else "the estimate rules every split out"
             if proof is not None
             else "the DPs over the whole graph are not run under learned corrections"
             if memory_scale is not None
@@ -217,11 +252,11 @@ def plan_stages(
         if memory_scale is not None:
             # Corrections learned from compiles rule these orders out; the compile search owns
             # what to try next (its least overfull retry), so say what was and was not searched.
-            raise PlanInfeasibleError(
-                f"no split along the {', '.join(candidates)} order(s) fits {devices} × {target.name} under the "
+            raise NotProvenError(
+                f"no fitting split found (not proven): no split along the {', '.join(candidates)} order(s) fits {devices} × {target.name} under the "
                 f"learned corrections {', '.join(f'{x:.3g}' for x in scale)} at margin {safety_margin:g} "
                 "(the order search is not exhaustive over DAG splits, so this is no proof for the model alone)",
-                hint="the compile search retries its least overfull split; more devices leave room",
+                hint=f"rerun with --devices {devices + 1}",
                 device=int(np.argmax(scale)),
             )
         partition, oc = _least_overfull(first_oc, caps, require_costed)
@@ -275,7 +310,7 @@ def _plan_corrected(
     corrected = corrected_analysis(analysis, content, target.memory_bytes)
     note = f" (with memory corrections learned from compiles: {content.describe()})"
     try:
-        searched = plan_stages(
+        searched = _search(
             corrected,
             target,
             devices,
@@ -284,7 +319,7 @@ def _plan_corrected(
             orders=orders,
             measured_s=measured_s,
         )
-    except PlanInfeasibleError as err:
+    except NoSplitError as err:
         err.message += note
         raise
     compute_s = calibrated_compute_s(analysis, target, measured_s)
@@ -301,7 +336,7 @@ def _plan_corrected(
     )
     caps = target.memory_bytes / (safety_margin * effective)
     bound = lower_bound_all_splits(analysis, target, compute_s, devices)
-    overhead = target.op_overhead_s if measured_s is None else 0.0
+    overhead = node_overhead_s(analysis, target) if measured_s is None else None
     plan = build_plan(
         analysis,
         oc,
@@ -312,7 +347,7 @@ def _plan_corrected(
         safety_margin,
         effective,
         bound=bound,
-        overhead_per_node=overhead,
+        overhead_s=overhead,
     )
     return replace(
         plan,

@@ -18,6 +18,7 @@ from sharderd.graph.analyze import Analysis
 from sharderd.plan.bounds import memory_floor
 from sharderd.plan.infeasible import activation_bytes
 from sharderd.plan.memory_model import SYSTEMIC_CAP
+from sharderd.plan.op_costs import node_code_bytes
 from sharderd.target import Target
 
 __all__ = ["PROBE_MIN_NEED", "ProbeTarget", "probe_target"]
@@ -83,5 +84,5 @@ def probe_target(analysis: Analysis, target: Target) -> ProbeTarget | None:
         name=analysis.flow.node_names[node],
         predicted=raw / capacity,
         activation_share=min(1.0, activation_bytes(analysis, node) / max(raw, 1.0)),
-        code_share=min(1.0, target.code_bytes_per_node / max(raw, 1.0)),
+        code_share=min(1.0, float(node_code_bytes(analysis, target)[node]) / max(raw, 1.0)),
     )

@@ -9,14 +9,14 @@ the last correction), so a factor can come down as well as up:
   overflowed stage's nodes carry the factor that reproduces its measurement wherever a re-plan
   puts them (code, a per-node constant, excepted), so the overflowing layers cannot simply move
   to a device without evidence and be compiled again;
-- a success with measured headroom sets its nodes' factor from that measurement;
 - overflows of different contents with the same factor (within ``SYSTEMIC_AGREEMENT``) make one
   systemic factor for the nodes no compile measured, bounded by the smaller and by
   ``SYSTEMIC_CAP``, given once;
-- "does not fit" is only said when the model *as measured* (``SearchState.estimate_content``:
-  every OOM it comes from reproduced, no margin, no headroom, the noise in the model's favour)
-  has no split either, and when the AMP-dependent share of the overflowing device cannot close
-  its gap (``amp_retry``); a split it still allows is compiled first.
+- the search gives up (exit 5, "not proven") when the model *as measured*
+  (``SearchState.estimate_content``: every OOM it comes from reproduced, no margin, no headroom,
+  the noise in the model's favour) has no split either, and no AMP level can close the gap of
+  the overflowing devices (``amp_for_plan``); a split it still allows is compiled first. That
+  model is fitted, not proven: a "does not fit" (exit 3) never rests on it.
 
 Attempts are keyed by (plan digest, available_memory_proportion): no split is compiled twice
 with the same options.
@@ -63,6 +63,7 @@ __all__ = [
     "amp_closing",
     "amp_for_plan",
     "amp_retry",
+    "amp_saving",
     "learn",
     "observe",
     "stage_need",
@@ -71,25 +72,30 @@ __all__ = [
 
 
 def amp_retry(overfull: Observation, amp: float, fallbacks: Sequence[float]) -> float | None:
-    """The highest fallback AMP whose reducible share of the worst tile can close its gap, if any.
-
-    ``available_memory_proportion`` bounds only the temporaries of convolutions and matmuls,
-    which the model holds in the activation share of the stage; at ``a`` they shrink to about
-    ``a / amp`` of what they were. A numberless OOM is taken as ``UNKNOWN_OVER`` over.
-    """
+    """The highest fallback AMP that can close the worst tile's gap (``amp_closing``), if any.
+    A numberless OOM is taken as ``UNKNOWN_OVER`` over."""
     if overfull.stage is None:
         return min(fallbacks) if fallbacks else None
     measured = overfull.measured if overfull.measured is not None else UNKNOWN_OVER
-    return amp_closing(measured, overfull.stage.activation_share, amp, fallbacks)
+    return amp_closing(measured, amp, fallbacks)
 
 
-def amp_closing(
-    measured: float, activation_share: float, amp: float, fallbacks: Sequence[float]
-) -> float | None:
-    """The highest fallback below ``amp`` at which temporaries living in ``activation_share`` of
-    a need of ``measured`` × capacity shrink enough to fit (to ``a / amp`` of what they were)."""
+def amp_saving(amp: float, lower: float) -> float:
+    """The most a cap of ``lower`` instead of ``amp`` can take off a worst tile (× its capacity).
+
+    PopART's ``available_memory_proportion`` is the conv/matmul planner's per-tile limit on
+    temporary memory, as a share of the tile ("a per-tile memory limit", which the planner may
+    exceed when no plan fits). The temporaries on the worst tile were planned under ``amp``; a lower
+    cap can remove only what was above it, so at most ``amp - lower`` of the tile. (Sharderd's
+    activation estimate is no bound on the compiler's temporaries, so it does not narrow this.)
+    """
+    return max(0.0, amp - lower)
+
+
+def amp_closing(measured: float, amp: float, fallbacks: Sequence[float]) -> float | None:
+    """The highest fallback below ``amp`` whose ``amp_saving`` can bring ``measured`` to fit."""
     for candidate in sorted((a for a in fallbacks if a < amp), reverse=True):
-        if measured * activation_share * (1.0 - candidate / amp) >= measured - 1.0:
+        if measured - amp_saving(amp, candidate) <= 1.0:
             return candidate
     return None
 
@@ -135,14 +141,11 @@ def amp_for_plan(
     if not over:
         return None, None, 0.0
     # A lower level only shrinks more, so the plan's level is the lowest any stage needs.
-    levels = [amp_closing(n, s.activation_share, amp, fallbacks) for s, n in over]
+    levels = [amp_closing(n, amp, fallbacks) for _, n in over]
     if None not in levels:
         return min(level for level in levels if level is not None), None, 0.0
-    # None closes every gap: the one that stays open at the lowest level decides.
-    lowest = min(fallbacks, default=amp)
-    stage, need = max(
-        over, key=lambda sn: (sn[1] - 1.0) - sn[1] * sn[0].activation_share * (1 - lowest / amp)
-    )
+    # None closes every gap: the largest need, which stays open longest, decides.
+    stage, need = max(over, key=lambda sn: sn[1])
     return None, stage, need
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sharderd.graph.analyze import Analysis
+from sharderd.plan.op_costs import node_code_bytes
 from sharderd.target import Target
 
 __all__ = ["StageMemory"]
@@ -36,7 +37,8 @@ class StageMemory:
     """int64: the node of each (node, weight) entry."""
     nw_idx: np.ndarray
     weight_bytes: np.ndarray
-    code_bytes_per_node: int
+    code_bytes: np.ndarray
+    """int64 [N]: code bytes of each node (0 when folded)."""
 
     @classmethod
     def build(cls, analysis: Analysis, target: Target, ref_order: np.ndarray) -> StageMemory:
@@ -60,7 +62,7 @@ class StageMemory:
             weight_owner=np.repeat(np.arange(n), np.diff(flow.nw_ptr)),
             nw_idx=flow.nw_idx,
             weight_bytes=flow.weight_bytes,
-            code_bytes_per_node=target.code_bytes_per_node,
+            code_bytes=node_code_bytes(analysis, target),
         )
 
     def bytes(self, before: np.ndarray, stage: np.ndarray) -> int:
@@ -98,4 +100,4 @@ class StageMemory:
         live = np.cumsum(diff)[:size] + self.out_bytes[nodes]
         streamed = is_input & (first >= 0) & (first < size)
         np.add.at(live, first[streamed], self.tensor_bytes[t[streamed]])
-        return weights + int(live.max()) + self.code_bytes_per_node * size
+        return weights + int(live.max()) + int(self.code_bytes[nodes].sum())

@@ -42,11 +42,14 @@ class StageCost:
     flops_s: float = 0.0
     """FLOPs at the target's effective rate (or measured node times, ``cost_model = "measured"``)."""
     overhead_s: float = 0.0
-    """``op_overhead_s`` per node (0 with measured node times, which include it)."""
+    """The target's per-op overhead of each compiled node by op type, none for a folded node (0 with
+    measured node times, which include it)."""
     host_s: float = 0.0
     """Graph inputs streamed from the host and graph outputs sent back, at ``host_bytes_per_s``."""
     comm_in_s: float = 0.0
     comm_out_s: float = 0.0
+    ops: int = 0
+    """Its nodes the compiler compiles (``num_nodes`` less those folded into constants)."""
 
     @property
     def memory_fraction(self) -> float:

@@ -16,7 +16,7 @@ from sharderd.plan.types import Plan
 from sharderd.shard.annotate import RoutedInput
 from sharderd.target import Target
 
-__all__ = ["SCHEMA", "model_facts", "plan_section", "report_dict"]
+__all__ = ["SCHEMA", "model_facts", "nodes_phrase", "plan_section", "report_dict", "target_facts"]
 
 SCHEMA = "sharderd.report/1"
 
@@ -64,6 +64,27 @@ def model_facts(analysis: Analysis) -> dict[str, Any]:
         "source_precision": analysis.source_precision,
         "folded_nodes": analysis.folded_nodes,
         "folded_bytes": analysis.folded_bytes,
+        "compiled_ops": analysis.compiled_ops,
+    }
+
+
+def nodes_phrase(model: Mapping[str, Any]) -> str:
+    """ "N nodes in the file, F folded, C ops compiled" (reports before ``compiled_ops``: N nodes)."""
+    if "compiled_ops" not in model:
+        return f"{model['nodes']} nodes"
+    return (
+        f"{model['nodes']} nodes in the file, {model['folded_nodes']} folded, "
+        f"{model['compiled_ops']} ops compiled"
+    )
+
+
+def target_facts(target: Target) -> dict[str, Any]:
+    """The target's fields, plus the per-op-type tables the plan priced compiled nodes with (op
+    types not listed cost ``op_overhead_s`` and ``code_bytes_per_node``)."""
+    return {
+        **asdict(target),
+        "op_overhead_s_table": target.overhead_table(),
+        "code_bytes_table": target.code_table(),
     }
 
 
@@ -114,7 +135,9 @@ def report_dict(
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``status``: ``planned``, ``not_compiled`` (backend none), ``compiled``, ``failed``,
-    ``does_not_fit``; ``plan`` is a ``plan_section``."""
+    ``does_not_fit`` (proven), ``not_proven`` (no fitting split found, not proven); ``plan`` is a
+    ``plan_section``. ``verdict`` says, for a job that ended without a split, whether that is
+    proven and on which of ``errors.GROUNDS`` (None otherwise)."""
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "sharderd_version": __version__,
@@ -122,7 +145,7 @@ def report_dict(
         "status": status,
         "backend": backend,
         "model": dict(model),
-        "target": asdict(target),
+        "target": target_facts(target),
         "batch_size": batch_size,
         "plan": None if plan is None else dict(plan),
         "attempts": list(attempts),
@@ -130,6 +153,9 @@ def report_dict(
         "timings_s": dict(timings_s or {}),
         "warnings": list(warnings),
         "error": None if error is None else dict(error),
+        "verdict": None
+        if error is None or "proven" not in error
+        else {"proven": bool(error["proven"]), "grounds": error.get("grounds")},
     }
     if extra:
         report.update(extra)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sharderd.report.build import nodes_phrase
 from sharderd.report.measured import measurement, shares, status_label
 from sharderd.units import fmt_bytes, fmt_flops, fmt_seconds
 
@@ -22,7 +23,8 @@ TIME_TERMS = (
 TERMS_NOTE = (
     "A stage's time is the sum of its terms: compute (FLOPs at the target's effective rate, or "
     'measured node times with `cost_model = "measured"`, which include the per-node overhead), '
-    "`op_overhead_s` per node, graph inputs and outputs over the host link, and the tensors received "
+    "a fixed overhead per compiled op by op type (the target's `op_overhead_s_table`; folded nodes and "
+    "views none), graph inputs and outputs over the host link, and the tensors received "
     "from and sent to the neighbouring stages."
 )
 
@@ -108,7 +110,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             if status_label(report) != report["status"]
             else ""
         ),
-        f"- model: {model['nodes']} nodes, {fmt_flops(model['flops'])} per batch of {report['batch_size']}, "
+        f"- model: {nodes_phrase(model)}, {fmt_flops(model['flops'])} per batch of {report['batch_size']}, "
         f"weights {fmt_bytes(model['weight_bytes'])}"
         + (f" ({fmt_bytes(model['external_bytes'])} external)" if model["external_bytes"] else "")
         + f", sha256 `{model['sha256'][:16]}…`",

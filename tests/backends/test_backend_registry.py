@@ -17,11 +17,14 @@ from sharderd.backends.registry import (
     BACKENDS,
     EXTRA_BACKENDS_ENV,
     SHIPPED,
+    AttemptHosts,
     Backend,
     load_backend,
     registered,
+    resolve_backend,
 )
-from sharderd.errors import ConfigError
+from sharderd.errors import BackendUnavailableError, ConfigError
+from sharderd.target import BUILTIN_TARGETS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,3 +80,29 @@ def test_worker_runs_a_registered_extra_backend_and_refuses_an_unknown_one(tmp_p
     )
     assert outcome.outcome == "ok"
     assert "nothing injected" in outcome.message
+
+
+class _Cluster:
+    """Hosts that answer for poprt only, as the Ray runner does with ``sdk_resource`` set."""
+
+    def __init__(self, poprt_offered: bool | None) -> None:
+        self.poprt_offered = poprt_offered
+
+    def offers(self, backend: str) -> bool | None:
+        return self.poprt_offered if backend == "poprt" else None
+
+
+def test_a_cluster_answers_for_poprt_whatever_this_host_imports() -> None:
+    """Here poprt does not import (the suite's own Python); the cluster's answer decides."""
+    ipu = BUILTIN_TARGETS["ipu-mk2"]
+    assert not poprt.available() and isinstance(_Cluster(True), AttemptHosts)
+    with pytest.raises(BackendUnavailableError):
+        resolve_backend("poprt", ipu)
+    assert resolve_backend("poprt", ipu, _Cluster(True)) == "poprt"
+    assert resolve_backend("auto", ipu, _Cluster(True)) == "poprt"
+    # no node offers it yet: named, its attempt waits for one; auto takes what is there
+    assert resolve_backend("poprt", ipu, _Cluster(False)) == "poprt"
+    local = resolve_backend("auto", ipu)
+    assert resolve_backend("auto", ipu, _Cluster(False)) == local != "poprt"
+    with pytest.raises(BackendUnavailableError):
+        resolve_backend("poprt", ipu, _Cluster(None))  # the cluster cannot tell: ask here

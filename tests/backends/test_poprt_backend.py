@@ -7,6 +7,7 @@ subprocess with the fake on PYTHONPATH, exactly as the parent will.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -634,6 +635,33 @@ class TestWorker:
         proc, outcome = run_worker(tmp_path, request_for(tmp_path, chain([16, 16, 16], [0, 1])))
         assert proc.returncode == 0, proc.stderr
         assert outcome is not None and outcome.outcome == "ok" and outcome.benchmark is None
+
+    def test_the_benchmark_step_cannot_attach_to_ipus_another_runner_holds(
+        self, tmp_path: Path, poprt: ModuleType, clean_env: pytest.MonkeyPatch
+    ) -> None:
+        """The benchmark step runs the compiled PopEF alone; while another runner holds the
+        host's 2 IPUs it fails as PopRT's runtime does, and runs once they are detached."""
+        devices = tmp_path / "ipus"
+        devices.mkdir()
+        env = {"FAKE_POPRT_IPUS": "2", "FAKE_POPRT_DEVICE_DIR": str(devices)}
+        for key, value in env.items():
+            clean_env.setenv(key, value)
+        request = request_for(tmp_path, chain([16, 16, 16], [0, 1]), warmup=1, runs=3)
+        proc, compiled = run_worker(tmp_path, request, env=env)
+        assert compiled is not None and compiled.outcome == "ok", proc.stderr
+        assert compiled.ipus_on_host == 2 and compiled.benchmark is None
+        step = dataclasses.replace(request, benchmark_only=True)
+        holder = poprt.runtime.Runner(request.artifact)  # this process attaches both IPUs
+        _, refused = run_worker(tmp_path, step, env=env)
+        assert refused is not None and refused.outcome == "invalid" and refused.benchmark is None
+        assert "Failed to attach to a device with 2 IPUs" in refused.message
+        del holder  # detaches
+        _, ran = run_worker(tmp_path, step, env=env)
+        assert ran is not None and ran.outcome == "ok" and ran.benchmark is not None, ran
+        events = [
+            json.loads(line)["event"] for line in (devices / "attach.log").read_text().splitlines()
+        ]
+        assert events == ["attach", "attach_failed", "detach", "attach", "detach"]
 
     def test_oom_on_ipu_1_and_engine_options_unset(self, tmp_path: Path) -> None:
         """Too big on IPU 1: ``oom`` on device 1, with POPLAR_ENGINE_OPTIONS removed so the tile is named."""

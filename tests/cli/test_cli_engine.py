@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,10 +20,16 @@ from onnx import TensorProto, helper, numpy_helper
 from sharderd.cli import main as cli_main
 from sharderd.config import PlanConfig, load_config
 from sharderd.engine import analyze_file, make_plan
-from sharderd.errors import EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, PlanInfeasibleError
+from sharderd.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_DOES_NOT_FIT,
+    EXIT_NOT_PROVEN,
+    NoSplitError,
+    NotProvenError,
+    PlanInfeasibleError,
+)
 from sharderd.report.build import SCHEMA
 from sharderd.shard.annotate import STAGE_ATTR
-from sharderd.units import fmt_bytes
 
 MODELS = ["transformer", "cnn", "shared_weights", "with_if", "multi_io", "chain"]
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -198,29 +205,51 @@ def _fat_transformer(model_path: Callable[..., Path]) -> Path:
     return model_path("transformer", "fat.onnx", layers=4, hidden=64, heads=4, seq=16, vocab=200)
 
 
+_WEIGHTS_OVER_TWO = 400_000
+"""Bytes per device under which the transformer's distinct weights (~0.9 MB) exceed 2 devices."""
+
+
 def test_infeasible_plan_names_device_shortfall_and_min_devices(
     model_path: Callable[..., Path], tmp_path: Path
 ) -> None:
-    """Too few tiny devices: the error proves it for every split (weights and code alone exceed the
-    devices together), says by how much, and how many would do."""
-    config = load_config(_tiny_config(tmp_path))
+    """The distinct weights alone over 2 devices together: a proof (exit 3, ``weights_total``) that
+    says by how much and how many devices the weights need."""
+    config = load_config(_tiny_config(tmp_path, memory=_WEIGHTS_OVER_TWO))
     target = config.target("tiny")
     analysis = analyze_file(_fat_transformer(model_path), PlanConfig())
     with pytest.raises(PlanInfeasibleError) as info:
         make_plan(analysis, target, 2, config.plan)
     err = info.value
-    assert err.short_bytes is not None and err.short_bytes > 0
-    assert err.min_devices is not None and err.min_devices > 2
+    weights = analysis.total_weight_bytes
+    assert err.grounds == "weights_total" and err.proven
+    assert err.short_bytes == weights - 2 * _WEIGHTS_OVER_TWO
+    assert err.min_devices == math.ceil(weights / _WEIGHTS_OVER_TWO)
     message = str(err)
-    assert "tiny" in message and "weights and per-node code" in message
-    assert f"short by {fmt_bytes(err.short_bytes)}" in message
-    assert f"At least {err.min_devices} devices" in message
+    assert "tiny" in message and "distinct weights alone" in message
     assert f"--devices {err.min_devices}" in message
-    # the claim holds both ways: that many devices plan within memory, one fewer does not
+    # the proof counts weights only: one device more than they need is no proof
+    try:
+        make_plan(analysis, target, err.min_devices, config.plan)
+    except NoSplitError as other:
+        assert not isinstance(other, PlanInfeasibleError)
+
+
+def test_an_estimate_over_the_devices_is_not_a_proof(
+    model_path: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Weights and code × margin over 2 devices, the weights alone not: exit 5's error, naming
+    the device count the estimate suggests, and that many devices plan within memory."""
+    config = load_config(_tiny_config(tmp_path))
+    target = config.target("tiny")
+    analysis = analyze_file(_fat_transformer(model_path), PlanConfig())
+    with pytest.raises(NotProvenError) as info:
+        make_plan(analysis, target, 2, config.plan)
+    err = info.value
+    assert err.exit_code == 5 and not err.proven and err.grounds is None
+    assert err.min_devices is not None and err.min_devices > 2
+    assert "not proven" in str(err) and f"--devices {err.min_devices}" in str(err)
     plan = make_plan(analysis, target, err.min_devices, config.plan)
     assert all(s.memory_bytes * config.plan.safety_margin <= _TINY for s in plan.stages)
-    with pytest.raises(PlanInfeasibleError):
-        make_plan(analysis, target, err.min_devices - 1, config.plan)
 
 
 def _one_big_node_model() -> onnx.ModelProto:
@@ -261,29 +290,46 @@ def test_node_larger_than_a_device_has_no_device_count(
         assert info.value.short_bytes is not None and info.value.short_bytes > 0
 
 
+def test_plan_exits_3_only_on_the_weights_and_5_on_the_estimate(
+    model_path: Callable[..., Path], tmp_path: Path, run_cli: Run
+) -> None:
+    """`sharderd plan` (no compile): the weights alone over the devices is exit 3; weights and
+    code × margin over them, the weights alone not, is exit 5 ("not proven")."""
+    for memory, code in ((_WEIGHTS_OVER_TWO, EXIT_DOES_NOT_FIT), (_TINY, EXIT_NOT_PROVEN)):
+        config = _tiny_config(tmp_path, memory=memory)
+        proc = run_cli("plan", _fat_transformer(model_path), "-n", "2", "-c", config, "-t", "tiny")
+        assert proc.returncode == code, proc.stderr
+        assert ("not proven" in proc.stderr) is (code == EXIT_NOT_PROVEN)
+
+
 def test_cli_exit_3_when_the_model_does_not_fit(
     model_path: Callable[..., Path], tmp_path: Path, run_cli: Run
 ) -> None:
-    """`sharderd shard` on too few tiny devices exits 3, says why on stderr, and writes no model."""
-    out = tmp_path / "out"
-    proc = run_cli(
-        "shard",
-        _fat_transformer(model_path),
-        "-n",
-        "2",
-        "-b",
-        "none",
-        "-c",
-        _tiny_config(tmp_path),
-        "-t",
-        "tiny",
-        "-o",
-        out,
-    )
-    assert proc.returncode == EXIT_DOES_NOT_FIT, proc.stderr
-    block = _error_block(proc.stderr)
-    assert block.startswith("the model does not fit on 2 × tiny") and "--devices" in block
-    assert not out.exists() or not any(out.glob("*.sharded.onnx"))
+    """`sharderd shard` where the weights alone exceed the devices exits 3, says why on stderr, and
+    writes no model; where only the estimate does, it exits 5 and says it is not proven."""
+    for memory, code, opening in (
+        (_WEIGHTS_OVER_TWO, EXIT_DOES_NOT_FIT, "the model does not fit on 2 × tiny"),
+        (_TINY, EXIT_NOT_PROVEN, "no fitting split found on 2 × tiny (not proven)"),
+    ):
+        out = tmp_path / f"out{memory}"
+        proc = run_cli(
+            "shard",
+            _fat_transformer(model_path),
+            "-n",
+            "2",
+            "-b",
+            "none",
+            "-c",
+            _tiny_config(tmp_path, memory=memory),
+            "-t",
+            "tiny",
+            "-o",
+            out,
+        )
+        assert proc.returncode == code, proc.stderr
+        block = _error_block(proc.stderr)
+        assert block.startswith(opening) and "--devices" in block
+        assert not out.exists() or not any(out.glob("*.sharded.onnx"))
 
 
 # --- the command-line contract --------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from sharderd.daemon.outbox import (
     rename_unique,
     tmp_dir_for,
 )
-from sharderd.errors import ConfigError, ModelInvalidError
+from sharderd.errors import ConfigError, ModelInvalidError, NotProvenError, PlanInfeasibleError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,6 +169,34 @@ class TestFailJob:
         assert "- signal: SIGKILL" in md
         assert "crashed repeatedly" in md  # the advice for the reason when there is no hint
         assert "stderr_tail (last 4000 characters)" in md and len(md) < 6000
+
+    def test_no_split_says_the_sidecar_line(self, tmp_path: Path) -> None:
+        """A job ended without a split (proven or not) is filed under its own reason, with
+        ``proven``/``grounds``, and error.md gives the sidecar line for the suggested device
+        count instead of the CLI's ``--devices``."""
+        for n, error, reason in (
+            (
+                1,
+                NotProvenError(
+                    "no fitting split found", hint="rerun with --devices 6", min_devices=6
+                ),
+                "not_proven",
+            ),
+            (
+                2,
+                PlanInfeasibleError("weights", grounds="weights_total", min_devices=6),
+                "does_not_fit",
+            ),
+        ):
+            job_dir = tmp_path / "processing" / f"J{n}"
+            job_dir.mkdir(parents=True)
+            dest = fail_job(job_dir, tmp_path / "failed", f"m{n}", error)
+            info = json.loads((dest / "error.json").read_text())
+            assert info["reason"] == reason and info["exit_code"] == error.exit_code
+            assert info["proven"] is (reason == "does_not_fit") and info["min_devices"] == 6
+            md = (dest / "error.md").read_text()
+            assert f"Set `devices = 6` in the job's sidecar (`m{n}.toml`" in md
+            assert "--devices" not in md.split("**What to do.**")[1].splitlines()[0]
 
 
 class TestFolders:

@@ -146,18 +146,20 @@ def test_no_split_is_compiled_twice(model: Path, config: Path, tmp_path: Path) -
         if a["outcome"] != "cancelled"
     ]
     assert len(keys) == len(set(keys)) >= 2
-    assert proc.returncode in (0, 3)
+    assert proc.returncode in (0, 3, 5)
 
 
 def test_a_model_that_cannot_fit_costs_no_compile(
     model: Path, config: Path, tmp_path: Path
 ) -> None:
-    """Too few devices is proven from the model alone: exit 3, the shortfall, and how many devices would do."""
+    """Too few devices by the estimate (weights and code × margin over the devices together), the
+    weights alone not: no compile, exit 5 (not proven), and the device count the estimate suggests."""
     out = tmp_path / "out"
     proc, compiles = shard(model, config, out, 2)
-    assert proc.returncode == 3
+    assert proc.returncode == 5, proc.stderr
     assert compiles == []
-    assert "does not fit on 2 × mini" in proc.stderr and "At least" in proc.stderr
+    assert "no fitting split found on 2 × mini (not proven)" in proc.stderr
+    assert "rerun with --devices" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -175,23 +177,23 @@ def test_a_fixed_cost_that_still_fits_is_compiled_not_declared_hopeless(
     assert compiles[-1]["result"] == "ok" and len(compiles) <= 3
 
 
-def test_corrections_settle_does_not_fit_in_two_compiles(
+def test_a_fixed_cost_over_a_device_is_not_proven_in_two_compiles(
     model: Path, config: Path, tmp_path: Path
 ) -> None:
-    """16 MB of Gather code exceeds a whole device: settled in at most two compiles (the second
-    shrinks the stage around the Gather and shows its cost is fixed), with no AMP retry (the
-    temporaries AMP bounds are far below the gap), and a message that does not contradict itself."""
+    """16 MB of Gather code exceeds a whole device, a cost no estimate nor probe saw: the search
+    ends in at most two compiles with no AMP retry (the temporaries AMP bounds are far below the
+    gap) and says "not proven" (exit 5), not "does not fit": per-op code is no ground of a proof."""
     out = tmp_path / "out"
     proc, compiles = shard(model, config, out, 5, truth={"code_bytes": {"Gather": 16_000_000}})
-    assert proc.returncode == 3, proc.stderr
-    assert "does not fit on 5 × mini" in proc.stderr and "device 0" in proc.stderr
+    assert proc.returncode == 5, proc.stderr
+    assert "no fitting split found on 5 × mini (not proven)" in proc.stderr
+    assert "device 0" in proc.stderr and "does not fit" not in proc.stderr
     assert len(compiles) <= 2
-    assert "no number of devices helps" in proc.stderr and "--devices" not in proc.stderr
     assert all(c["options"]["available_memory_proportion"] == 0.6 for c in compiles)
     assert "available_memory_proportion was not tried" in proc.stderr
-    assert "At least 5" not in proc.stderr and "At least 4" not in proc.stderr
     data = report(out)
-    assert data["status"] == "does_not_fit" and data["error"]["reason"] == "does_not_fit"
+    assert data["status"] == "not_proven" and data["error"]["reason"] == "not_proven"
+    assert data["verdict"] == {"proven": False, "grounds": None}
 
 
 def test_segfaulting_compiler_is_a_crashed_outcome(
@@ -284,6 +286,34 @@ def test_optimal_perf_benchmarks_and_keeps_the_fastest(
     assert data["benchmark"]["throughput_per_s"] == best["benchmark"]["throughput_per_s"]
 
 
+@pytest.mark.parametrize(
+    ("setting", "env_extra", "has"),
+    [("ipus = 0", {}, 0), ("", {"FAKE_POPRT_IPUS": "4"}, 4)],
+    ids=["compile-only", "counted-too-few"],
+)
+def test_optimal_perf_without_enough_ipus_keeps_the_best_predicted_and_says_so(
+    model: Path, config: Path, tmp_path: Path, setting: str, env_extra: dict[str, str], has: int
+) -> None:
+    """No benchmark can attach (``[poprt] ipus = 0``, or a host counted with fewer IPUs than the
+    plan's 5 devices): the compiles stand, the plan with the best predicted time is kept, and
+    each attempt says no measurement was possible."""
+    config.write_text(CONFIG + f"\n[poprt]\n{setting}\n")
+    out = tmp_path / "out"
+    proc, _ = shard(
+        model, config, out, 5, "--optimal-perf", "--max-attempts", "3", env_extra=env_extra
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = report(out)
+    ok = [a for a in data["attempts"] if a["outcome"] == "ok"]
+    assert ok and not any(a["benchmark"] for a in ok)
+    assert all(
+        f"no measurement possible: the plan runs on 5 IPUs, this host has {has}" in a["message"]
+        for a in ok
+    ), ok
+    best = min(ok, key=lambda a: (a["predicted_bottleneck_s"], a["index"]))
+    assert data["plan"]["digest"] == best["plan_digest"]
+
+
 @pytest.fixture(scope="module")
 def cnn(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """bench/compiles.py's CNN: one late conv needs 62% of a 24-tile device by the model."""
@@ -294,17 +324,20 @@ def cnn(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_node_too_large_alone_is_proven_by_compiling_it_alone(
     cnn: Path, config: Path, tmp_path: Path
 ) -> None:
-    """Weights ×1.3 put the conv over a device by itself; the first plan's OOM is elsewhere. The
-    probe beside it compiles the conv alone on one IPU, and its overflow settles "no number of
-    devices helps" in two compiles, with no AMP retry (the conv is weights, not temporaries)."""
+    """Weights ×1.3 put the conv over a device by itself. The probe compiles the conv alone on one
+    IPU at the lowest AMP the config allows (0.1); its overflow proves "no number of devices helps"
+    (exit 3, grounds ``probe``), and the search stops there."""
     out = tmp_path / "out"
     proc, compiles = shard(cnn, config, out, 8, truth={"weight_factor": 1.3})
     assert proc.returncode == 3, proc.stderr
-    assert len(compiles) == 2
-    assert sorted(c["options"]["num_ipus"] for c in compiles) == [1, 8]
+    probes = [c for c in compiles if c["options"]["num_ipus"] == 1]
+    assert len(probes) == 1 and probes[0]["options"]["available_memory_proportion"] == 0.1
+    assert len(compiles) <= 2
     assert "'/block5/conv2/Conv' compiled alone on one device" in proc.stderr
     assert "no number of devices helps" in proc.stderr and "--devices" not in proc.stderr
-    probe = next(a for a in report(out)["attempts"] if a["label"].startswith("probe"))
+    data = report(out)
+    assert data["verdict"] == {"proven": True, "grounds": "probe"}
+    probe = next(a for a in data["attempts"] if a["label"].startswith("probe"))
     assert probe["outcome"] == "oom" and probe["predicted_stage_times_s"] == [0.0]
 
 
@@ -358,3 +391,22 @@ def test_a_re_plan_waits_for_the_compile_still_running(tmp_path: Path, config: P
     later = events.index(["[attempt.started]", "attempt=2"])
     finished = {e[1] for e in events[:later] if e[0] == "[attempt.finished]"}
     assert finished == {"attempt=0", "attempt=1"}
+
+
+def test_an_estimate_that_rules_every_split_out_is_proven_by_the_probe(
+    cnn: Path, config: Path, tmp_path: Path
+) -> None:
+    """On 5 devices the estimate (weights and code × margin) rules every split out before any
+    compile: no proof. The probe still compiles the large conv alone at the lowest AMP; where its
+    biggest op overflows alone (40% of tiles), that is the proof (exit 3, one compile), and where it
+    fits alone the answer stays "not proven" (exit 5)."""
+    out = tmp_path / "out"
+    proc, compiles = shard(cnn, config, out, 5, truth={"op_tiles": 0.4})
+    assert proc.returncode == 3, proc.stderr
+    assert [c["options"]["num_ipus"] for c in compiles] == [1]
+    assert report(out)["verdict"] == {"proven": True, "grounds": "probe"}
+    out = tmp_path / "fits"
+    proc, compiles = shard(cnn, config, out, 5)
+    assert proc.returncode == 5, proc.stderr
+    assert [c["options"]["num_ipus"] for c in compiles] == [1]
+    assert "not proven" in proc.stderr

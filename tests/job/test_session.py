@@ -13,7 +13,12 @@ import pytest
 
 from sharderd import examples
 from sharderd.config import PlanConfig
-from sharderd.errors import ModelInvalidError, PlanInfeasibleError, WorkerDiedError
+from sharderd.errors import (
+    ModelInvalidError,
+    NotProvenError,
+    PlanInfeasibleError,
+    WorkerDiedError,
+)
 from sharderd.job.session import (
     LocalSession,
     PlanRequest,
@@ -63,13 +68,22 @@ async def test_worker_and_local_sessions_agree(model: Path, tmp_path: Path) -> N
 
 @pytest.mark.anyio
 async def test_worker_errors_keep_their_type(model: Path, tmp_path: Path) -> None:
-    """A plan that cannot fit comes back as PlanInfeasibleError with its numbers; a bad model as ModelInvalidError."""
+    """A plan the estimate rules out comes back as NotProvenError with its numbers, one the weights
+    rule out as PlanInfeasibleError with its grounds; a bad model as ModelInvalidError."""
     tiny = replace(TARGET, memory_bytes=1_000_000)
     worker = await WorkerSession.start(model, PlanConfig(), tiny, stderr_path=tmp_path / "err")
     try:
-        with pytest.raises(PlanInfeasibleError) as info:
+        with pytest.raises(NotProvenError) as info:
             await worker.plan(PlanRequest(1, 1.15))
         assert info.value.min_devices is not None and info.value.min_devices > 1
+    finally:
+        await worker.aclose()
+    none = replace(TARGET, memory_bytes=1_000)
+    worker = await WorkerSession.start(model, PlanConfig(), none, stderr_path=tmp_path / "err1")
+    try:
+        with pytest.raises(PlanInfeasibleError) as proof:
+            await worker.plan(PlanRequest(1, 1.15))
+        assert proof.value.grounds in ("weights_total", "node_weights")
     finally:
         await worker.aclose()
     bad = tmp_path / "bad.onnx"

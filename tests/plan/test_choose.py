@@ -28,3 +28,14 @@ def test_ties_keep_the_earlier_attempt() -> None:
     assert best_compiled([second, first], by_measurement=True) is first
     assert best_compiled([second, first], by_measurement=False) is first
     assert best_compiled([], by_measurement=True) is None
+
+
+def test_measured_throughput_overrules_the_prediction() -> None:
+    """Predicted order opposite to the measured rate: a ranking by predicted time (or by anything
+    that agrees with it) keeps the wrong plan here."""
+    predicted_fast = Compiled(0, predicted_s=4e-4, throughput_per_s=1500.0)
+    predicted_slow = Compiled(1, predicted_s=6e-4, throughput_per_s=2100.0)
+    unmeasured = Compiled(2, predicted_s=3e-4)
+    both = [predicted_fast, predicted_slow, unmeasured]
+    assert best_compiled(both, by_measurement=True) is predicted_slow
+    assert best_compiled(both, by_measurement=False) is unmeasured

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from sharderd.config import PlanConfig
-from sharderd.errors import PlanInfeasibleError
+from sharderd.errors import NoSplitError, NotProvenError
 from sharderd.graph.analyze import Analysis, analyze
 from sharderd.plan import group_ideals
 from sharderd.plan.order import candidate_orders
@@ -63,7 +63,7 @@ def test_planner_is_optimal_over_every_valid_split(
         worst for worst, mems in cases if all(m <= c for m, c in zip(mems, caps, strict=True))
     ]
     if not fitting:
-        with pytest.raises(PlanInfeasibleError) as info:
+        with pytest.raises(NoSplitError) as info:
             plan_stages(analysis, target, k, safety_margin=1.0, memory_scale=scale)
         more = info.value.min_devices
         if more is not None:  # "at least N devices": N fit under the typical correction
@@ -268,7 +268,7 @@ def test_unproven_no_fit_returns_the_least_overfull_split(monkeypatch: pytest.Mo
     assert plan.method == "overfull" and not plan.proven_optimal
     assert "past its limits" in plan.claim
     assert max(s.memory_bytes for s in plan.stages) > target.memory_bytes
-    with pytest.raises(PlanInfeasibleError, match="not exhaustive"):
+    with pytest.raises(NotProvenError, match="not exhaustive"):
         plan_stages(
             analysis, target, 2, safety_margin=1.0, orders=("file",), memory_scale=[1.0, 1.0]
         )

@@ -113,11 +113,14 @@ def _brute(
         return (
             sum(weight_bytes[w] for w in ws)
             + max(live(q) for q in range(a, b))
-            + TARGET.code_bytes_per_node * (b - a)
+            + sum(TARGET.code_bytes_for(nodes[q].op_type) for q in range(a, b))
         )
 
     costed = [
-        bool(node.op_type == "MatMul" or node_time[q] > TARGET.op_overhead_s * 1.0000001)
+        bool(
+            node.op_type == "MatMul"
+            or node_time[q] > TARGET.op_overhead_for(node.op_type) * 1.0000001
+        )
         for q, node in enumerate(nodes)
     ]
     require_costed = sum(costed) >= k

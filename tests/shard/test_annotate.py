@@ -147,7 +147,16 @@ def test_attention_mask_is_routed_through_one_identity(
     """The mask read by every layer enters on its first stage through one Identity; later stages read it."""
     path = model_path("transformer", layers=4)
     original = onnx.load(str(path), load_external_data=False)
-    result = shard(path, 4)
+    # Every op priced alike, so the split follows the layers and each stage reads the mask (with
+    # views free and MatMul dearer, the level order wins and puts all four mask Casts on stage 0).
+    uniform = ", ".join(f"{op} = 65536" for op in ("MatMul", "Gemm", "Reshape"))
+    config = path.parent / "uniform.toml"
+    config.write_text(
+        '[target]\nname = "uniform"\n[targets.uniform]\nbase = "ipu-mk2"\n'
+        f"code_bytes_by_op = {{ {uniform} }}\n"
+        "op_overhead_s_by_op = { MatMul = 1e-6, Gemm = 1e-6, Reshape = 1e-6 }\n"
+    )
+    result = shard(path, 4, "--config", str(config))
     graph = result.model.graph
     stage_of = _check_pipeline_rules(result.model, 4)
 

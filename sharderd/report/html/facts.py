@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sharderd.report.build import nodes_phrase
 from sharderd.report.html.markup import esc
 from sharderd.report.measured import measurement
 from sharderd.units import fmt_bytes, fmt_flops, fmt_seconds
@@ -18,7 +19,7 @@ def facts_list(report: Mapping[str, Any]) -> str:
         (
             "model",
             "model",
-            f"<code>{esc(model['name'])}</code>: {esc(model['nodes'])} nodes, {esc(fmt_flops(model['flops']))}, "
+            f"<code>{esc(model['name'])}</code>: {esc(nodes_phrase(model))}, {esc(fmt_flops(model['flops']))}, "
             f"weights {esc(fmt_bytes(model['weight_bytes']))}",
         ),
         (

@@ -17,6 +17,7 @@ code{font:13px ui-monospace,"DejaVu Sans Mono",monospace;overflow-wrap:anywhere}
 .status{display:inline-block;padding:2px 10px;border-radius:12px;color:#fff;font-weight:700;font-size:13px}
 .status-compiled{background:#2e7d32}.status-not_compiled,.status-planned{background:#1565c0}
 .status-failed,.status-does_not_fit{background:#c62828}
+.status-not_proven{background:#ef6c00}
 .devices{display:grid;grid-template-columns:1fr;gap:2px}
 figure{margin:4px 0}figcaption{font-size:13px;color:var(--muted)}figcaption b{color:var(--fg)}
 svg{max-width:100%;height:auto;font-family:inherit;display:block}

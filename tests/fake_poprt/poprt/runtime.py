@@ -9,13 +9,22 @@ leave one per slowest stage or link (throughput). A split with big boundary tens
 on latency and win on throughput. ``FAKE_POPRT_RUNTIME`` (JSON) overrides ``flops_per_s``,
 ``link_bytes_per_s``, ``stage_base_s`` and ``stage_cap_s``; the defaults put a stage of the test
 models at tenths of a millisecond, well above Python's own overhead per call.
+
+Attachment, as the real runtime's: a ``Runner`` attaches to a free device of the PopEF's
+``num_ipus`` (an aligned group of IPUs, as an M2000's devices are) for its lifetime, and throws
+when none is free. With ``FAKE_POPRT_DEVICE_DIR`` set, attachments are shared by every process on
+the host through that folder (one ``ipu<N>`` file per attached IPU holding the owner's pid; a dead
+owner's file is stale) and logged to ``attach.log`` there (JSON lines ``attach``,
+``attach_failed``, ``detach``); ``FAKE_POPRT_IPUS`` is the host's IPU count (default 16).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +69,7 @@ class DeviceManager:
         return _HARDWARE
 
     def get_num_devices(self) -> int:
-        return 16
+        return _host_ipus()
 
     def get_device(self, num_ipus: int) -> Device:
         if num_ipus not in (1, 2, 4, 8, 16):
@@ -108,6 +117,74 @@ class _Future:
             time.sleep(left)  # noqa: TID251 - a device run blocks the caller too
 
 
+def _host_ipus() -> int:
+    return int(os.environ.get("FAKE_POPRT_IPUS", "16"))
+
+
+def _log(folder: Path, event: str, ipus: list[int]) -> None:
+    line = json.dumps({"event": event, "ipus": ipus, "pid": os.getpid(), "t": time.time()})
+    with open(folder / "attach.log", "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+
+
+def _owner_alive(path: Path) -> bool:
+    try:
+        os.kill(int(path.read_text() or "0"), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _claim(path: Path) -> bool:
+    """Take one IPU's file; a file whose owner died is stale and taken over."""
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _owner_alive(path):
+                return False
+            path.unlink(missing_ok=True)
+            continue
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+    return False
+
+
+def _attach(num_ipus: int) -> list[int]:
+    """Attach to a free aligned group of ``num_ipus`` IPUs, or throw as the runtime does."""
+    total = _host_ipus()
+    folder = os.environ.get("FAKE_POPRT_DEVICE_DIR")
+    if num_ipus > total:
+        raise RuntimeError(f"Failed to attach to a device with {num_ipus} IPUs ({total} on host)")
+    if not folder:
+        return list(range(num_ipus))
+    root = Path(folder)
+    for first in range(0, total - num_ipus + 1, num_ipus):
+        group = list(range(first, first + num_ipus))
+        taken = []
+        for ipu in group:
+            if not _claim(root / f"ipu{ipu}"):
+                break
+            taken.append(ipu)
+        if len(taken) == num_ipus:
+            _log(root, "attach", group)
+            return group
+        for ipu in taken:
+            (root / f"ipu{ipu}").unlink(missing_ok=True)
+    _log(root, "attach_failed", [])
+    raise RuntimeError(f"Failed to attach to a device with {num_ipus} IPUs: all are attached")
+
+
+def _detach(ipus: list[int]) -> None:
+    folder = os.environ.get("FAKE_POPRT_DEVICE_DIR")
+    if folder and ipus:
+        _log(Path(folder), "detach", ipus)
+        for ipu in ipus:
+            (Path(folder) / f"ipu{ipu}").unlink(missing_ok=True)
+        ipus.clear()
+
+
 class Runner:
     def __init__(self, popef: str | Executable, config: RuntimeConfig | None = None) -> None:
         self.config = config or RuntimeConfig()
@@ -125,6 +202,9 @@ class Runner:
             raise RuntimeError(
                 f"The executable was compiled for {self._popef['ipu_version']} but the device is {_HARDWARE}"
             )
+        self._ipus = _attach(int(self._popef.get("num_ipus", 1)))
+        weakref.finalize(self, _detach, self._ipus)
+        atexit.register(_detach, self._ipus)
         knobs = _runtime_knobs()
         flops = self._popef.get("stage_flops") or [0]
         sends = self._popef.get("stage_send_bytes") or [0] * len(flops)
