@@ -372,8 +372,8 @@ def test_failed_job_report_shows_the_error_and_every_attempt(
     ipu_model: Path, tmp_path: Path
 ) -> None:
     """When the compile budget ends with no split compiled, the page leads with the error and its hint
-    and still shows the attempts. One out-of-memory compile proves nothing about the others: exit 1,
-    not 3."""
+    and still shows the attempts. One out-of-memory compile proves nothing about the others: exit 5
+    (not proven), never 3."""
     run = shard(
         tmp_path,
         ipu_model,
@@ -384,15 +384,16 @@ def test_failed_job_report_shows_the_error_and_every_attempt(
         "--max-attempts",
         "1",
         env=poprt_env(tmp_path, 10_000_000),
-        expect=1,
+        expect=5,
     )
     error = next(s for s in run.dom.find_all("section") if s.attrs.get("id") == "error")
     assert (
         run.report["error"]["message"] in error.text()
         and run.report["error"]["hint"] in error.text()
     )
-    assert run.dom.one("span", "status").text() == run.report["status"] == "failed"
-    assert "not a proof" in run.report["error"]["message"]
+    assert run.dom.one("span", "status").text() == run.report["status"] == "not_proven"
+    assert "(not proven)" in run.report["error"]["message"]
+    assert run.report["verdict"]["proven"] is False
     assert run.dom.find_all("figure", "device") == []
     assert (
         len(run.dom.one("svg", "attempts-timeline").find_all("rect", "attempt"))
