@@ -150,6 +150,9 @@ def evaluate(
             continue
         origin = pos[p] if p >= 0 else min(readers)
         span[t] = (origin, max(readers) if readers else origin, p < 0)
+    reuses = in_place(
+        analysis.model.graph, nb, {flow.tensor_names[t]: t for t in range(flow.num_tensors)}
+    )
     times, mems = [], []
     for s in range(k):
         members = [q for q in order if assignment[q] == s]
@@ -170,7 +173,7 @@ def evaluate(
         peak = 0
         for q in members:
             live = sum(nb[t] for t, (o, last, _) in span.items() if o < pos[q] <= last)
-            live += sum(nb[t] for t in flow.outputs(q).tolist())
+            live += sum(nb[t] for t in flow.outputs(q).tolist() if not reuses[q])
             live += sum(nb[t] for t, (o, _, inp) in span.items() if inp and o == pos[q])
             peak = max(peak, live)
         mems.append(
@@ -179,6 +182,37 @@ def evaluate(
             + sum(target.code_bytes_for(flow.op_types[q]) for q in members if analysis.compiled[q])
         )
     return max(times), mems
+
+
+IN_PLACE = {"Identity": (0,), "Relu": (0,), "Add": (0, 1)}
+"""The ops of these DAGs whose output takes over an input's memory (``graph/buffers.py``'s rule,
+written again here from the node protos)."""
+
+
+def in_place(graph: onnx.GraphProto, nb: list[int], ids: dict[str, int]) -> list[bool]:
+    """Per node: its output reuses the memory of an activation input that only it reads, at one
+    slot, of the same size, that is not a graph output."""
+    readers: dict[str, set[int]] = {}
+    for q, node in enumerate(graph.node):
+        for x in node.input:
+            readers.setdefault(x, set()).add(q)
+    weights = {w.name for w in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    out = []
+    for q, node in enumerate(graph.node):
+        y = node.output[0]
+        out.append(
+            any(
+                i < len(node.input)
+                and (x := node.input[i]) not in weights
+                and x not in outputs
+                and list(node.input).count(x) == 1
+                and readers[x] == {q}
+                and nb[ids[x]] == nb[ids[y]]
+                for i in IN_PLACE.get(node.op_type, ())
+            )
+        )
+    return out
 
 
 def splits(analysis: Analysis, target: Target, k: int) -> list[tuple[float, list[int]]]:

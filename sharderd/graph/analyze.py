@@ -9,6 +9,7 @@ import onnx
 
 from sharderd.config import PlanConfig
 from sharderd.errors import DimsUnresolvedError, ModelInvalidError
+from sharderd.graph.buffers import alias_sources, node_new_bytes
 from sharderd.graph.costs import GraphCosts, compute_costs
 from sharderd.graph.dataflow import Dataflow, build_dataflow
 from sharderd.graph.folding import fold_constants
@@ -44,6 +45,9 @@ class Analysis:
     folded_bytes: int = 0
     folded: np.ndarray | None = None
     """bool [N]: the nodes folded into constants (None: none)."""
+    alias_source: np.ndarray | None = None
+    """int64 [T]: the input whose memory each tensor takes over (a view, an in-place op), or -1
+    (``graph/buffers.py``; None: every tensor has memory of its own)."""
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -55,6 +59,10 @@ class Analysis:
         if self.folded is None:
             return np.ones(self.flow.num_nodes, dtype=bool)
         return ~self.folded
+
+    def node_new_bytes(self) -> np.ndarray:
+        """int64 [N]: activation memory each node's outputs add (0 for a view or an in-place op)."""
+        return node_new_bytes(self.flow, self.costs.tensor_bytes, self.alias_source)
 
     @property
     def compiled_ops(self) -> int:
@@ -178,6 +186,7 @@ def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
         folding.folded_nodes,
         folding.folded_bytes,
         folding.folded,
+        alias_sources(graph, flow, costs.tensor_bytes, ~folding.folded),
     )
 
 

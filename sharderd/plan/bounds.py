@@ -45,7 +45,8 @@ def lower_bound_all_splits(
 @dataclass(frozen=True, slots=True)
 class MemoryFloor:
     node_bytes: np.ndarray
-    """float64 [N]: what a node needs on any device whatever the split: weights, inputs, outputs, code."""
+    """float64 [N]: what a node needs on any device whatever the split: weights, inputs, the
+    outputs that take new memory (``graph/buffers.py``), code."""
     total_bytes: float
     """Distinct weights + code of all nodes: the devices together hold at least this."""
 
@@ -62,8 +63,7 @@ def memory_floor(analysis: Analysis, target: Target) -> MemoryFloor:
     node = code.copy()
     ins_of = np.repeat(np.arange(n), np.diff(flow.in_ptr))
     np.add.at(node, ins_of, tb[flow.in_idx])
-    outs_of = np.repeat(np.arange(n), np.diff(flow.out_ptr))
-    np.add.at(node, outs_of, tb[flow.out_idx])
+    node += analysis.node_new_bytes()  # a view or in-place output reuses its input's memory
     ws_of = np.repeat(np.arange(n), np.diff(flow.nw_ptr))
     np.add.at(node, ws_of, flow.weight_bytes[flow.nw_idx].astype(np.float64))
     used = np.unique(flow.nw_idx)

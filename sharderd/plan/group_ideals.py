@@ -215,8 +215,7 @@ class _PerIdeal:
         host_out = np.where(flow.is_graph_output[flow.out_idx], tb[flow.out_idx], 0)
         node_time = compute_s.astype(np.float64).copy()
         np.add.at(node_time, node_of_out, host_out / target.host_bytes_per_s)
-        out_bytes = np.zeros(n, dtype=np.int64)
-        np.add.at(out_bytes, node_of_out, tb[flow.out_idx])
+        out_bytes = analysis.node_new_bytes()
         node_w = np.zeros(n, dtype=np.int64)
         np.add.at(
             node_w,

@@ -9,7 +9,7 @@ The cost model is the planner's own, evaluated on the split's canonical order (s
 the other, each in the reference order): stage time ``P(J) - P(I) + (cut(I) + cut(J)) / bw`` where
 ``P`` sums node time and host I/O (an input is streamed to the stage of its first reader) and
 ``cut`` counts the tensors leaving an ideal; memory is distinct weights + peak live bytes (tensors
-received, produced, held or passing through) + code per node. Bit masks over at most 63 nodes
+received, produced unless in place, held or passing through) + code per op. Bit masks over at most 63 nodes
 keep it vectorised; larger graphs or lattices go to the order search.
 """
 
@@ -85,10 +85,9 @@ def solve_ideals(
     t_input = is_input[t_ids]
 
     node_time = compute_s.astype(np.float64).copy()
-    out_bytes = np.zeros(n, dtype=np.int64)
+    out_bytes = analysis.node_new_bytes()  # a view or in-place output adds none
     for q in range(n):
         outs = flow.outputs(q)
-        out_bytes[q] = int(tb[outs].sum())
         host_out = outs[flow.is_graph_output[outs]]
         node_time[q] += float(tb[host_out].sum()) / target.host_bytes_per_s
     bw, hbw = target.link_bytes_per_s, target.host_bytes_per_s

@@ -95,11 +95,11 @@ def node_too_large(
 
 
 def activation_bytes(analysis: Analysis, node: int) -> float:
-    """Bytes of a node's activation inputs and outputs (its weights and code aside)."""
+    """Bytes of a node's activation inputs and of the outputs that take new memory (an in-place
+    Softmax counts its one buffer once; weights and code aside)."""
     flow, tb = analysis.flow, analysis.costs.tensor_bytes
     ins = flow.in_idx[flow.in_ptr[node] : flow.in_ptr[node + 1]]
-    outs = flow.out_idx[flow.out_ptr[node] : flow.out_ptr[node + 1]]
-    return float(tb[ins].sum() + tb[outs].sum())
+    return float(tb[ins].sum() + analysis.node_new_bytes()[node])
 
 
 def infeasible_proof(
@@ -118,7 +118,7 @@ def infeasible_proof(
     short = int((floor.total_bytes - caps.sum()) * margin * typical)
     return NotProvenError(
         f"no fitting split found on {devices} × {target.name} (not proven): its distinct weights and "
-        f"estimated per-node code need {fmt_bytes(floor.total_bytes * margin)} (× margin {margin:g}), "
+        f"estimated per-op code (by op type) need {fmt_bytes(floor.total_bytes * margin)} (× margin {margin:g}), "
         f"more than the {devices} devices' {fmt_bytes(caps.sum() * margin)} together; the estimate "
         f"suggests {needed} devices.",
         hint=f"rerun with --devices {max(needed, devices + 1)}",

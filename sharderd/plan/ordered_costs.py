@@ -32,7 +32,8 @@ class OrderedCosts:
     cut_bytes: np.ndarray
     """int64 [n+1]: bytes crossing each cut; 0 at both ends."""
     live_bytes: np.ndarray
-    """int64 [n]: bytes live while the node at each position runs (its inputs included)."""
+    """int64 [n]: bytes live while the node at each position runs: its inputs, and its outputs
+    unless they take over an input's memory (``graph/buffers.py``)."""
     flops: np.ndarray
     """float64 [n]."""
     costed: np.ndarray
@@ -125,9 +126,7 @@ def ordered_costs(
     np.add.at(diff, last[crossing] + 1, -tbytes[crossing])
     cut = np.cumsum(diff)[: n + 1]
 
-    out_bytes = np.zeros(n, dtype=np.int64)
-    node_of_out = np.repeat(np.arange(n), np.diff(flow.out_ptr))
-    np.add.at(out_bytes, pos[node_of_out], tbytes[flow.out_idx])
+    out_bytes = analysis.node_new_bytes()[order]  # a view or in-place output adds none
     host_in = np.zeros(n, dtype=np.int64)
     streamed = is_input & has_readers
     np.add.at(host_in, first[streamed], tbytes[streamed])

@@ -33,6 +33,7 @@ class StageMemory:
     """int64: the tensors that have readers, in entry order."""
     tensor_bytes: np.ndarray
     out_bytes: np.ndarray
+    """int64 [N]: memory each node's outputs add (none for a view or an in-place op)."""
     weight_owner: np.ndarray
     """int64: the node of each (node, weight) entry."""
     nw_idx: np.ndarray
@@ -48,8 +49,6 @@ class StageMemory:
         rank[ref_order] = np.arange(n)
         counts = np.diff(flow.cons_ptr)
         tb = analysis.costs.tensor_bytes.astype(np.int64)
-        out_bytes = np.zeros(n, dtype=np.int64)
-        np.add.at(out_bytes, np.repeat(np.arange(n), np.diff(flow.out_ptr)), tb[flow.out_idx])
         has = counts > 0
         return cls(
             rank=rank,
@@ -58,7 +57,7 @@ class StageMemory:
             read_starts=flow.cons_ptr[:-1][has],
             read_tensors=np.flatnonzero(has),
             tensor_bytes=tb,
-            out_bytes=out_bytes,
+            out_bytes=analysis.node_new_bytes(),
             weight_owner=np.repeat(np.arange(n), np.diff(flow.nw_ptr)),
             nw_idx=flow.nw_idx,
             weight_bytes=flow.weight_bytes,

@@ -102,9 +102,21 @@ def _brute(
     def cut(c: int) -> int:
         return sum(nbytes for t in start if start[t] < c <= last[t])
 
+    def in_place(q: int) -> bool:
+        """Relu/Add over an input only it reads, once, that is no graph output (every tensor here
+        has the same size): the output takes over that input's memory."""
+        node = nodes[q]
+        return node.op_type in ("Relu", "Add") and any(
+            x not in weight_bytes
+            and x not in outputs
+            and list(node.input).count(x) == 1
+            and readers.get(x) == [q]
+            for x in node.input
+        )
+
     def live(q: int) -> int:
         crossing = sum(nbytes for t in start if start[t] < q <= last[t])
-        own = nbytes * len(nodes[q].output)
+        own = 0 if in_place(q) else nbytes * len(nodes[q].output)
         streamed = sum(nbytes for t in start if t not in produced and start[t] == q)
         return crossing + own + streamed
 
@@ -134,7 +146,6 @@ def _brute(
             continue
         worst = max(float(node_time[a:b].sum()) + (cut(a) + cut(b)) / bw for a, b in stages)
         best = worst if best is None else min(best, worst)
-    del outputs
     return best
 
 
