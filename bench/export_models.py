@@ -16,6 +16,10 @@ names that those five do not cover:
   holding the LSTM.
 - ``data_dependent``: built with ``onnx.helper``: ``NonZero`` and a ``TopK`` whose k is computed
   from the data, around a MatMul, so the plan has shapes no input dim fixes.
+- ``window_attention``, ``unet_attn64``, ``gpt_decoder``, ``bert_encoder`` (issue #27): pure torch
+  modules (``bench/tiny_torch_models.py``, no transformers): Swin-style window attention whose
+  ``Pad`` amounts are computed from the input size, a U-Net with self-attention over a 64×64
+  latent, a GPT-2-style decoder, BERT. Only torch is needed for these four.
 
 torch exports follow ``../shared/models/README.md``: TorchScript exporter (``dynamo=False``), opset
 17, eager attention, constant folding on, tiny configs of real architectures built from config
@@ -264,6 +268,117 @@ def export_mobilenet_v2(path: Path) -> Entry:
 
 
 # ---------------------------------------------------------------------------------------------
+# pure-torch modules (bench/tiny_torch_models.py): the architecture kinds of issue #27
+
+
+def _pure_torch(name: str) -> Any:
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import tiny_torch_models
+
+    torch.manual_seed(0)
+    return getattr(tiny_torch_models, name)()
+
+
+def export_window_attention(path: Path) -> Entry:
+    import torch
+
+    axes = {"pixel_values": {0: "batch", 2: "height", 3: "width"}, "logits": {0: "batch"}}
+    _export(
+        _pure_torch("TinySwin"),
+        (torch.randn(1, 3, 100, 100),),
+        path,
+        ["pixel_values"],
+        ["logits"],
+        axes,
+    )
+    return Entry(
+        how=_torch_how("dynamic batch/height/width, pure torch module"),
+        source="bench/tiny_torch_models.py TinySwin, torch.manual_seed(0)",
+        notes="Swin-style window attention (window 7, dim 32, 2 heads, second block shifted by "
+        "torch.roll), patch merging; every Pad amount is (7 - size % 7) % 7 of the runtime height "
+        "and width, so only the input shape decides them (100×100 → 25×25 patches → padded to 28)",
+        ort_input_shapes={"pixel_values": [1, 3, 100, 100]},
+    )
+
+
+def export_unet_attn64(path: Path) -> Entry:
+    import torch
+
+    axes = {"sample": {0: "batch"}, "out_sample": {0: "batch"}}
+    _export(
+        _pure_torch("TinyUNet"),
+        (torch.randn(1, 4, 64, 64), torch.tensor([10.0])),
+        path,
+        ["sample", "timestep"],
+        ["out_sample"],
+        axes,
+    )
+    return Entry(
+        how=_torch_how("dynamic batch, pure torch module"),
+        source="bench/tiny_torch_models.py TinyUNet, torch.manual_seed(0)",
+        notes="U-Net with timestep embedding, GroupNorm/SiLU res blocks (channels 16/32) and one-head "
+        "self-attention over the whole 64×64 latent: a [4096, 4096] score matrix and its Softmax",
+        ort_input_shapes={"sample": [1, 4, 64, 64], "timestep": [1]},
+    )
+
+
+def export_gpt_decoder(path: Path) -> Entry:
+    import torch
+
+    axes = {
+        "input_ids": {0: "batch", 1: "sequence"},
+        "attention_mask": {0: "batch", 1: "sequence"},
+        "logits": {0: "batch", 1: "sequence"},
+    }
+    ids = torch.randint(0, 1000, (1, 8))
+    _export(
+        _pure_torch("TinyGPT"),
+        (ids, torch.ones_like(ids)),
+        path,
+        ["input_ids", "attention_mask"],
+        ["logits"],
+        axes,
+    )
+    return Entry(
+        how=_torch_how("dynamic batch/sequence, pure torch module"),
+        source="bench/tiny_torch_models.py TinyGPT, torch.manual_seed(0)",
+        notes="GPT-2-style decoder, 2 layers, hidden 64, 4 heads, vocab 1000: positions from arange, "
+        "causal mask from tril of the sequence length, padding mask, tanh GELU, tied LM head",
+        ort_input_shapes={"input_ids": [1, 128], "attention_mask": [1, 128]},
+    )
+
+
+def export_bert_encoder(path: Path) -> Entry:
+    import torch
+
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    axes = {name: {0: "batch", 1: "sequence"} for name in names}
+    axes |= {"last_hidden_state": {0: "batch", 1: "sequence"}, "pooler_output": {0: "batch"}}
+    ids = torch.randint(0, 1000, (1, 8))
+    _export(
+        _pure_torch("TinyBert"),
+        (ids, torch.ones_like(ids), torch.zeros_like(ids)),
+        path,
+        names,
+        ["last_hidden_state", "pooler_output"],
+        axes,
+    )
+    return Entry(
+        how=_torch_how("dynamic batch/sequence, pure torch module"),
+        source="bench/tiny_torch_models.py TinyBert, torch.manual_seed(0)",
+        notes="BERT encoder, 2 layers, hidden 64, 4 heads, vocab 1000: word/position/token-type "
+        "embeddings, extended attention mask, post-norm layers with erf GELU, tanh pooler",
+        ort_input_shapes={
+            "input_ids": [1, 128],
+            "attention_mask": [1, 128],
+            "token_type_ids": [1, 128],
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # models shipped in PyPI wheels
 
 
@@ -380,6 +495,10 @@ BUILDERS: dict[str, Callable[[Path], Entry]] = {
     "ppocr_cls": copy_ppocr_cls,
     "silero_vad": copy_silero_vad,
     "data_dependent": build_data_dependent,
+    "window_attention": export_window_attention,
+    "unet_attn64": export_unet_attn64,
+    "gpt_decoder": export_gpt_decoder,
+    "bert_encoder": export_bert_encoder,
 }
 
 

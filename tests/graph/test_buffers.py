@@ -15,6 +15,7 @@ from sharderd.plan.ideals import solve_ideals
 from sharderd.plan.infeasible import activation_bytes
 from sharderd.plan.ordered_costs import calibrated_compute_s, ordered_costs
 from sharderd.plan.stage_memory import StageMemory
+from tests.real_exports import export_analysis
 
 N = 1024
 BUF = 4 * N
@@ -147,3 +148,13 @@ def test_graph_outputs_growth_and_non_in_place_ops_take_new_memory() -> None:
     assert src[_tensor(analysis, "c")] == -1  # Concat
     assert src[_tensor(analysis, "i")] == _tensor(analysis, "c")  # a view of c, same size
     assert analysis.node_new_bytes().tolist() == [BUF, BUF, BUF, 2 * BUF, 0]
+
+
+def test_the_unet_softmax_over_its_64x64_latent_counts_one_buffer() -> None:
+    """The [1, 4096, 4096] attention scores: the Softmax alone needs them once, not twice."""
+    analysis = export_analysis("unet_attn64")
+    flow, tb = analysis.flow, analysis.costs.tensor_bytes
+    (softmax,) = [q for q in range(flow.num_nodes) if flow.op_types[q] == "Softmax"]
+    (scores,) = flow.inputs(softmax)
+    assert tb[scores] == 4 * 4096 * 4096
+    assert activation_bytes(analysis, softmax) == tb[scores]

@@ -64,8 +64,13 @@ def test_folded_nodes_match_an_independent_count(name: str) -> None:
     assert analysis.compiled_ops == analysis.flow.num_nodes - analysis.folded_nodes
 
 
-def test_no_overhead_or_code_for_a_folded_node() -> None:
-    analysis = export_analysis("tiny_bert")
+NEW_EXPORTS = ["window_attention", "unet_attn64", "gpt_decoder", "bert_encoder"]
+"""The pure-torch exports of issue #27's architecture kinds (bench/export_models.py)."""
+
+
+@pytest.mark.parametrize("name", ["tiny_bert", *NEW_EXPORTS])
+def test_no_overhead_or_code_for_a_folded_node(name: str) -> None:
+    analysis = export_analysis(name)
     assert analysis.folded_nodes > 100
     folded = ~analysis.compiled
     assert not node_overhead_s(analysis, TARGET)[folded].any()
@@ -97,8 +102,9 @@ def test_costs_by_op_type_follow_the_rule_and_the_config_tables(tmp_path) -> Non
     assert mine.code_table()["MatMul"] == 7 and "overhead" not in mine.code_table()
 
 
-def test_the_report_counts_compiled_ops_per_stage_and_lists_the_tables() -> None:
-    analysis = export_analysis("tiny_gpt2")
+@pytest.mark.parametrize("name", ["tiny_gpt2", *NEW_EXPORTS])
+def test_the_report_counts_compiled_ops_per_stage_and_lists_the_tables(name: str) -> None:
+    analysis = export_analysis(name)
     plan = plan_stages(analysis, TARGET, 3, safety_margin=1.0)
     model = model_facts(analysis)
     report = report_dict(
