@@ -18,7 +18,10 @@ from sharderd.target import Target
 
 __all__ = ["SCHEMA", "model_facts", "nodes_phrase", "plan_section", "report_dict", "target_facts"]
 
-SCHEMA = "sharderd.report/1"
+SCHEMA = "sharderd.report/2"
+"""Version 2 only adds keys to version 1 (none renamed or removed): ``model.compiled_ops``, each
+stage's ``ops``, ``target.op_overhead_s_table`` / ``target.code_bytes_table`` and ``verdict``
+(README, "report.json")."""
 
 
 def _value_info(value: onnx.ValueInfoProto) -> dict[str, Any]:
