@@ -4,6 +4,7 @@ manifest's input shapes on N × ipu-mk2 (issue 27): per stage, the predicted tim
 Runs against whichever sharderd is importable, so the same script measures two checkouts:
 
     python bench/folded_costs.py --devices 4
+    python bench/folded_costs.py --devices 4 window_attention unet_attn64   # some of them
     PYTHONPATH=/work/main python3 bench/folded_costs.py --devices 4   # the code before
 """
 
@@ -26,6 +27,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=4)
+    parser.add_argument("names", nargs="*", help="models of the manifest (default: all)")
     args = parser.parse_args()
     manifest = json.loads((MODELS / "manifest.json").read_text())
     target = BUILTIN_TARGETS["ipu-mk2"]
@@ -33,7 +35,7 @@ def main() -> None:
         "| model | nodes | folded | compiled ops | stage times µs | stage GFLOP | max/mean FLOP |"
     )
     print("|---|---|---|---|---|---|---|")
-    for name in sorted(manifest):
+    for name in args.names or sorted(manifest):
         entry = manifest[name]
         shapes = {k: tuple(v) for k, v in entry["ort_input_shapes"].items()}
         analysis = analyze(

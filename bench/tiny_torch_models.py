@@ -104,7 +104,7 @@ class SelfAttention(nn.Module):
         b, c, h, w = x.shape
         y = self.norm(x).view(b, c, h * w).transpose(1, 2)
         q, k, v = self.qkv(y).chunk(3, dim=-1)
-        attn = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(c), dim=-1)
+        attn = torch.softmax((q * c**-0.5) @ k.transpose(1, 2), dim=-1)  # scaled before, as timm
         out = self.out(attn @ v).transpose(1, 2).reshape(b, c, h, w)
         return x + out
 
