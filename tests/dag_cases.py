@@ -190,13 +190,13 @@ written again here from the node protos)."""
 
 
 def in_place(graph: onnx.GraphProto, nb: list[int], ids: dict[str, int]) -> list[bool]:
-    """Per node: its output reuses the memory of an activation input that only it reads, at one
-    slot, of the same size, that is not a graph output."""
+    """Per node: its output reuses the memory of an input made by a node that only it reads, at
+    one slot, of the same size, that is not a graph output."""
     readers: dict[str, set[int]] = {}
     for q, node in enumerate(graph.node):
         for x in node.input:
             readers.setdefault(x, set()).add(q)
-    weights = {w.name for w in graph.initializer}
+    made = {y for node in graph.node for y in node.output}
     outputs = {o.name for o in graph.output}
     out = []
     for q, node in enumerate(graph.node):
@@ -204,7 +204,7 @@ def in_place(graph: onnx.GraphProto, nb: list[int], ids: dict[str, int]) -> list
         out.append(
             any(
                 i < len(node.input)
-                and (x := node.input[i]) not in weights
+                and (x := node.input[i]) in made
                 and x not in outputs
                 and list(node.input).count(x) == 1
                 and readers[x] == {q}

@@ -8,8 +8,9 @@ one rule, applied by every liveness computation of the planner: node ``q``'s out
 the memory of its input ``x`` when
 
 - ``q``'s op type is in ``INPLACE_INPUTS`` and ``x`` is at one of the input slots listed for it;
-- ``x`` is an activation (not a weight), read by ``q`` alone and at that one slot (so it dies at
-  ``q`` in every order and every split), and not a graph output (the host still reads it);
+- ``x`` is an activation made by a node (not a weight, not a graph input: the host's stream buffer
+  is left as it is), read by ``q`` alone and at that one slot (so it dies at ``q`` in every order
+  and every split), and not a graph output (the host still reads it);
 - ``x`` and ``y`` have the same number of bytes (a broadcasting ``Add`` that grows its input,
   a ``Slice`` that keeps part of a larger buffer alive, are not in place);
 - ``q`` is compiled (a folded node has no activations).
@@ -90,6 +91,7 @@ def alias_sources(
             if (
                 x is None
                 or list(node.input).count(name) != 1
+                or flow.producer[x] < 0
                 or counts[x] != 1
                 or flow.is_graph_output[x]
                 or tensor_bytes[x] != tensor_bytes[y]

@@ -150,6 +150,16 @@ def test_graph_outputs_growth_and_non_in_place_ops_take_new_memory() -> None:
     assert analysis.node_new_bytes().tolist() == [BUF, BUF, BUF, 2 * BUF, 0]
 
 
+def test_a_graph_input_keeps_its_stream_buffer() -> None:
+    """Relu reads the graph input x alone: x stays the host's stream buffer, r takes new memory."""
+    analysis = _model([helper.make_node("Relu", ["x"], ["r"], name="relu")], ["r"], {})
+    src = analysis.alias_source
+    assert src is not None and src[_tensor(analysis, "r")] == -1
+    assert ordered_costs(analysis, TARGET, analysis.flow.topo_order).live_bytes.tolist() == [
+        2 * BUF
+    ]
+
+
 def test_the_unet_softmax_over_its_64x64_latent_counts_one_buffer() -> None:
     """The [1, 4096, 4096] attention scores: the Softmax alone needs them once, not twice."""
     analysis = export_analysis("unet_attn64")

@@ -103,11 +103,11 @@ def _brute(
         return sum(nbytes for t in start if start[t] < c <= last[t])
 
     def in_place(q: int) -> bool:
-        """Relu/Add over an input only it reads, once, that is no graph output (every tensor here
-        has the same size): the output takes over that input's memory."""
+        """Relu/Add over a node's output only it reads, once, that is no graph output (every
+        tensor here has the same size): the output takes over that input's memory."""
         node = nodes[q]
         return node.op_type in ("Relu", "Add") and any(
-            x not in weight_bytes
+            x in produced
             and x not in outputs
             and list(node.input).count(x) == 1
             and readers.get(x) == [q]
