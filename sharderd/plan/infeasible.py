@@ -69,7 +69,8 @@ def weights_proof(analysis: Analysis, target: Target, devices: int) -> PlanInfea
 def node_too_large(
     analysis: Analysis, target: Target, margin: float, typical: float
 ) -> NotProvenError | None:
-    """A node the estimate says cannot fit even alone (its weights, inputs, outputs, code, × margin)."""
+    """A node the estimate says cannot fit even alone (its weights, inputs, outputs not computed in
+    place, code, × margin)."""
     floor = memory_floor(analysis, target)
     capacity = target.memory_bytes
     worst = int(np.argmax(floor.node_bytes))
@@ -80,8 +81,8 @@ def node_too_large(
     learned = f" × correction {typical:.3g}" if typical != 1.0 else ""
     error = NotProvenError(
         f"no fitting split found (not proven): node {node!r} alone is estimated at {fmt_bytes(need)} "
-        f"(its weights, inputs, outputs and code, × margin {margin:g}{learned}) but one {target.name} "
-        f"device holds {fmt_bytes(capacity)}; an estimate, not a proof",
+        f"(its weights, inputs, outputs not computed in place, and code, × margin {margin:g}{learned}) "
+        f"but one {target.name} device holds {fmt_bytes(capacity)}; an estimate, not a proof",
         hint="`sharderd shard` with a compile backend measures it (its probe compiles the node alone); "
         "or reduce batch_size",
         short_bytes=int(need - capacity),

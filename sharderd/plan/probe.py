@@ -34,7 +34,7 @@ class ProbeTarget:
     """File index of the node."""
     name: str
     predicted: float
-    """Its weights, inputs, outputs and code / device capacity, uncorrected."""
+    """Its weights, inputs, outputs not computed in place and code / device capacity, uncorrected."""
     activation_share: float
     code_share: float
 
