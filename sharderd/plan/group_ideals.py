@@ -11,7 +11,9 @@ Same recurrence and cost model as ``ideals.py`` (which stays the exhaustive solv
   passes the window.
 - **Memory by bounds first.** Stage memory is at most the weights of its nodes (shared ones
   counted per reader), every tensor it receives, makes or streams in, and its code; all of these
-  are differences of per-ideal sums. A pair under its cap by that bound fits; only the pairs whose
+  are differences of per-ideal sums. A tensor made in place (``graph/buffers.py``) adds no bytes
+  to the sum: its input, counted there, dies where it is made, so along a chain of in-place ops
+  one buffer is live at a time. A pair under its cap by that bound fits; only the pairs whose
   bound is over the cap *and* whose time would win are measured exactly (``StageMemory``).
 
 Limits (ideals, containment tests, pairs, exact measurements' work) keep it near a second; past them it
