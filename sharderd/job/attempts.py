@@ -11,10 +11,52 @@ import anyio
 
 from sharderd.backends.protocol import AttemptOutcome
 from sharderd.job.session import PlanRequest
-from sharderd.plan.observations import AttemptKey
-from sharderd.plan.search import Correction
+from sharderd.plan.content import ContentCorrection
+from sharderd.plan.memory_model import HEADROOM, UNKNOWN_OVER, stage_factor
+from sharderd.plan.observations import AttemptKey, Observation, StageView, runs_size
 
-__all__ = ["AttemptRecord", "ProveResult"]
+__all__ = ["AttemptRecord", "Correction", "ProveResult", "correction"]
+
+
+@dataclass(frozen=True, slots=True)
+class Correction:
+    """What one outcome taught, as the report shows it."""
+
+    device: int | None
+    measured_fraction: float | None
+    """Worst-tile bytes / tile capacity reported by the compiler (> 1 on OOM)."""
+    predicted_fraction: float | None
+    """The plan's predicted memory / device capacity for that device."""
+    before: tuple[float, ...]
+    """The factor each stage of the plan was planned with (corrected / predicted bytes)."""
+    after: tuple[float, ...]
+    """The same with the overflowed stage's nodes at the factor this outcome taught."""
+    reason: str = field(default="")
+
+
+def correction(
+    stages: Sequence[StageView], new: Sequence[Observation], model: ContentCorrection
+) -> Correction | None:
+    """The report's account of an overflow (None for a fit): the factor its stage's nodes now
+    carry wherever a re-plan puts them (``model``: the memory model after it)."""
+    o = next((o for o in new if not o.fits), None)
+    if o is None:
+        return None
+    before = tuple(v.scale for v in stages)
+    if o.stage is None:
+        after = tuple(b * UNKNOWN_OVER for b in before)
+        return Correction(
+            None, None, None, before, after, f"OOM without a device: ×{UNKNOWN_OVER:g} everywhere"
+        )
+    factor = stage_factor(o, (o.measured or UNKNOWN_OVER) * HEADROOM)
+    after = tuple(max(b, factor) if k == o.stage.device else b for k, b in enumerate(before))
+    shown = f"{o.measured:.3f}× capacity" if o.measured is not None else "over capacity (no number)"
+    reason = (
+        f"device {o.stage.device}: worst tile {shown} vs {o.stage.predicted:.3f} predicted; its "
+        f"{runs_size(o.stage.runs)} node(s) ×{factor:.3g} wherever they go; node factors "
+        f"{model.describe()}"
+    )
+    return Correction(o.device, o.measured, o.stage.predicted, before, after, reason)
 
 
 @dataclass(slots=True)

@@ -1,4 +1,4 @@
-"""What crosses the planning worker's pipe: errors, kept as their own types.
+"""What crosses the planning worker's pipe: errors kept as their own types, and the corrections.
 
 Only the worker (``job/planworker.py``) and its client (``job/session.py``) use this. An error
 travels as its class (module and name, under ``sharderd``) and its instance fields, so every
@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from sharderd.errors import SharderdError
+from sharderd.plan.content import ContentCorrection
 
-__all__ = ["decode_error", "encode_error"]
+__all__ = ["decode_content", "decode_error", "encode_error"]
 
 _NESTED = "__sharderd_error__"
 
@@ -69,3 +70,22 @@ def _decode(value: Any) -> Any:
             return decode_error(value[_NESTED])
         return {k: _decode(v) for k, v in value.items()}
     return value
+
+
+def decode_content(data: Mapping[str, Any] | None) -> ContentCorrection | None:
+    """A ``ContentCorrection`` sent as ``dataclasses.asdict`` JSON (a plan request's)."""
+    if data is None:
+        return None
+
+    def runs(key: str) -> tuple[tuple[tuple[tuple[int, int], ...], float], ...]:
+        return tuple(
+            (tuple((int(a), int(b)) for a, b in r), float(f)) for r, f in data.get(key, ())
+        )
+
+    return ContentCorrection(
+        float(data["base"]),
+        runs("patches"),
+        runs("measured"),
+        runs("fixed"),
+        bool(data.get("fixed_on_heaviest", False)),
+    )

@@ -23,7 +23,7 @@ from anyio.abc import Process
 from sharderd.config import PlanConfig
 from sharderd.errors import OutputWriteError, WorkerDiedError
 from sharderd.graph.analyze import Analysis
-from sharderd.job.codec import decode_error
+from sharderd.job.codec import decode_content, decode_error
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.observations import stage_contents
 from sharderd.report.build import model_facts, plan_section
@@ -270,7 +270,7 @@ def plan_request_from(data: Mapping[str, Any]) -> PlanRequest:
     for key in ("memory_scale", "orders"):
         if fields.get(key) is not None:
             fields[key] = tuple(fields[key])
-    fields["content"] = ContentCorrection.from_json(fields.get("content"))
+    fields["content"] = decode_content(fields.get("content"))
     return PlanRequest(**fields)
 
 
