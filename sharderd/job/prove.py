@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,57 +48,49 @@ Emit = Callable[[str, Mapping[str, Any]], None]
 Outcomes = MemoryObjectSendStream[tuple[AttemptRecord, AttemptOutcome]]
 
 
+@dataclass(slots=True, kw_only=True)
 class Prover:
     """One job's search: the pure state, the records of its compiles, and the loop."""
 
-    def __init__(
-        self,
-        session: PlanSession,
-        *,
-        backend: str,
-        config: Config,
-        target: Target,
-        devices: int,
-        stem: str,
-        workdir: Path,
-        pool: AttemptPool,
-        job_id: str,
-        emit: Emit,
-        priority: int = 0,
-        max_attempts: int,
-        parallel: int,
-        timeout: float,
-        kill_grace: float,
-        optimal_perf: bool = False,
-        env: Mapping[str, str] | None = None,
-        argv_prefix: list[str] | None = None,
-        reference_model: Path | None = None,
-        precision: str = "fp32",
-        input_shapes: Mapping[str, list[int]] | None = None,
-    ) -> None:
-        self.session, self.backend, self.config, self.target = session, backend, config, target
-        self.devices, self.stem, self.workdir, self.pool = devices, stem, workdir, pool
-        self.job_id, self.emit, self.priority = job_id, emit, priority
-        self.parallel, self.timeout, self.kill_grace = max(1, parallel), timeout, kill_grace
-        self.env, self.argv_prefix, self.reference_model = env, argv_prefix, reference_model
-        self.precision = precision
-        self.input_shapes = dict(input_shapes) if input_shapes else None
-        poprt = backend == "poprt"
-        self.state = SearchState(
-            Settings(
-                devices=devices,
-                margin=config.plan.safety_margin,
-                default_amp=config.poprt.available_memory_proportion if poprt else 0.0,
-                fallbacks=tuple(config.search.amp_fallbacks) if poprt else (),
-                speculative_margins=tuple(config.search.speculative_margins),
-                max_attempts=max_attempts,
-                optimal_perf=optimal_perf,
-                calibrate=config.plan.cost_model == "measured" and backend == "onnxruntime",
-                probe=poprt,
-            ),
-            config.plan.safety_margin,
+    session: PlanSession
+    backend: str
+    config: Config
+    target: Target
+    devices: int
+    stem: str
+    workdir: Path
+    pool: AttemptPool
+    job_id: str
+    emit: Emit
+    max_attempts: int
+    parallel: int
+    timeout: float
+    kill_grace: float
+    priority: int = 0
+    optimal_perf: bool = False
+    env: Mapping[str, str] | None = None
+    argv_prefix: list[str] | None = None
+    reference_model: Path | None = None
+    """The user's own file: the onnxruntime backend checks the stages against it."""
+    precision: str = "fp32"
+    input_shapes: Mapping[str, list[int]] | None = None
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    state: SearchState = field(init=False)
+
+    def __post_init__(self) -> None:
+        poprt, plan = self.backend == "poprt", self.config.plan
+        settings = Settings(
+            devices=self.devices,
+            margin=plan.safety_margin,
+            default_amp=self.config.poprt.available_memory_proportion if poprt else 0.0,
+            fallbacks=tuple(self.config.search.amp_fallbacks) if poprt else (),
+            speculative_margins=tuple(self.config.search.speculative_margins),
+            max_attempts=self.max_attempts,
+            optimal_perf=self.optimal_perf,
+            calibrate=plan.cost_model == "measured" and self.backend == "onnxruntime",
+            probe=poprt,
         )
-        self.attempts: list[AttemptRecord] = []
+        self.state = SearchState(settings, plan.safety_margin)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -147,7 +139,7 @@ class Prover:
 
     def _slot_free(self) -> bool:
         running = len(self.state.running())
-        if running >= self.parallel:
+        if running >= max(1, self.parallel):
             return False
         return not running or self.pool.busy + self.pool.waiting < self.pool.max_parallel
 
@@ -193,9 +185,7 @@ class Prover:
             self.state = learn(self.state, Unplanned(attempt))
             return
         self.attempts.append(record)
-        stages = stage_views(record.plan, self.target.memory_bytes, record.contents)
-        evidence = len(self.state.overflows())
-        started = Started(record.index, attempt, record.key, stages, record.predicted_s, evidence)
+        started = Started(record.index, attempt, record.key, record.predicted_s)
         self.state = learn(self.state, started)
         amp = {"amp": record.key.amp} if self.backend == "poprt" else {}  # only PopRT has it
         self.emit(

@@ -156,7 +156,7 @@ async def shard_job(
         else:
             workdir.mkdir(parents=True, exist_ok=True)
             prover = Prover(
-                session,
+                session=session,
                 backend=backend,
                 config=config,
                 target=target,

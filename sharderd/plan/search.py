@@ -24,7 +24,7 @@ from sharderd.errors import NoSplitError, PlanInfeasibleError, SharderdError
 from sharderd.plan.choose import Compiled, best_compiled
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.memory_model import HEADROOM, UNKNOWN_OVER, amp_closing, content_model
-from sharderd.plan.observations import AttemptKey, Observation, StageView
+from sharderd.plan.observations import AttemptKey, Observation
 
 __all__ = [
     "PERF_BAND",
@@ -94,10 +94,7 @@ class Started:
     index: int
     attempt: Attempt
     key: AttemptKey
-    stages: tuple[StageView, ...]
     predicted_s: float
-    evidence: int
-    """How many overflows the search knew when it was planned."""
     outcome: str | None = None
     """None while running; else the backend's outcome (ok, oom, invalid, crashed, timeout)."""
     period_s: float | None = None
@@ -245,8 +242,10 @@ def _unplanned(s: SearchState, event: Unplanned) -> SearchState:
                 extra[d] *= HEADROOM
         return replace(s, escalation=tuple(extra), escalations=s.escalations + 1)
     if kind == "plan" and error is not None:
-        if error.fits_without_margin and s.margin > 1.0 and not s.observations:
-            return replace(s, margin=1.0)  # only the margin rules it out: let a compile decide
+        if s.margin > 1.0 and not s.observations:
+            return replace(
+                s, margin=1.0
+            )  # an estimate with margin is no proof: let a compile decide
         if not s.overflows():
             return replace(s, settled=error)
         return replace(s, no_split=(len(s.overflows()), error))

@@ -154,7 +154,7 @@ def start(
 ) -> SearchState:
     index = len(state.attempts)
     key = AttemptKey(digest, attempt.amp)
-    event = Started(index, attempt, key, PLAN, predicted_s, len(state.overflows()))
+    event = Started(index, attempt, key, predicted_s)
     return learn(state, event)
 
 
