@@ -50,11 +50,11 @@ def _measured(o: Observation) -> float:
 
 
 def content_model(
-    observations: Sequence[Observation], *, amp: float, estimate: bool = False
+    observations: Sequence[Observation], *, amp: float, estimate: bool = False, exact: bool = False
 ) -> ContentCorrection:
     """The per-node correction the overflows at ``amp`` imply (a fit teaches no bytes).
 
-    For planning, each measurement aims ``HEADROOM`` above itself. With ``estimate`` (the model
+    For planning, each measurement aims ``HEADROOM`` above itself; ``exact`` takes it as measured. With ``estimate`` (the model
     a "not proven" rests on) it is taken as measured with the ``NOISE`` in the model's favour, but
     an overflow stays one: the very stage that ran out of memory is never predicted to fit.
     Two nested overflows whose sizes and readings differ beyond the noise price the nodes between
@@ -63,6 +63,8 @@ def content_model(
 
     def aim(o: Observation) -> float:
         m = _measured(o)
+        if exact:
+            return m
         return max(m * (1.0 - NOISE), _JUST_OVER) if estimate else m * HEADROOM
 
     chains: list[_Overflow] = []

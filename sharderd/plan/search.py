@@ -47,7 +47,7 @@ measured to predicted so far, is at least 10% faster than the best measured plan
 error between two splits of one model is of that order, so a smaller predicted gain is a coin toss
 that costs a compile."""
 
-Kind = Literal["plan", "speculative", "verdict", "probe", "amp", "perf", "calibrate"]
+Kind = Literal["plan", "speculative", "roomy", "verdict", "probe", "amp", "perf", "calibrate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,18 +191,24 @@ class SearchState:
         return None if choice is None else oks[choice.attempt]
 
     def plan_attempt(self, kind: Kind = "plan") -> Attempt:
-        label = "plan" if not self.overflows() else "re-plan after OOM"
-        if kind == "verdict":
-            label = "verdict check: the model as measured, no margin"
-        elif kind == "calibrate":
-            label = "re-plan on measured times"
-        estimate = kind == "verdict"
+        labels = {
+            "roomy": "verdict check: the model as measured, unmeasured nodes as the least measured",
+            "verdict": "verdict check: the model as measured, no margin",
+            "calibrate": "re-plan on measured times",
+        }
+        label = labels.get(kind, "plan" if not self.overflows() else "re-plan after OOM")
+        estimate = kind in ("roomy", "verdict")
+        content = self.content(estimate=estimate)
+        if kind == "roomy":  # every factor at least the estimate's: a split it allows
+            exact = content_model(self.observations, amp=self.settings.default_amp, exact=True)
+            least = min((f for _, f in exact.patches), default=1.0)
+            content = replace(exact, base=max(1.0, least), fixed_on_heaviest=True)
         return Attempt(
             kind,
             label,
             1.0 if estimate else self.margin,
             self.scales(),
-            self.content(estimate=estimate),
+            content,
             self.settings.default_amp,
         )
 
@@ -290,6 +296,9 @@ def _proposals(s: SearchState, best: Started | None) -> tuple[Attempt, ...]:
         return () if retry is None else (retry,)
     check = s.no_split is not None and s.no_split[0] == len(s.overflows())
     due = s.plan_attempt("verdict" if check else "plan")
+    roomy = s.plan_attempt("roomy")
+    if check and roomy not in s.asked and roomy.content.base > 1.0:
+        due = roomy  # a split with room where no compile looked, if the measured model has one
     if due not in s.asked and (check or s.escalations < cfg.max_attempts):
         if s.attempts and running:
             return ()  # a running compile's outcome may change the re-plan: wait for it

@@ -214,6 +214,12 @@ def test_no_split_under_the_corrections_checks_the_model_as_measured_then_amp_th
     replan = first(state)
     err = NoSplitError("no split under the corrections")
     state = learn(state, Unplanned(replan, err))
+    roomy = first(state)  # first a split with the unmeasured nodes at the least measured factor
+    assert roomy.kind == "roomy" and roomy.margin == 1.0
+    f = node_factors(roomy.content, N)
+    assert abs(f[50] - 1.2 / 0.7) < 1e-5 and abs(f[400] - 1.2 / 0.7) < 1e-5
+    assert (f >= node_factors(content_model(state.observations, amp=0.6, estimate=True), N)).all()
+    state = learn(state, Unplanned(roomy))
     check = first(state)
     assert check.kind == "verdict" and check.margin == 1.0 and check.content.fixed_on_heaviest
     settled = learn(state, Unplanned(check))  # only the tried split: settled, with the base error
@@ -227,12 +233,13 @@ def test_no_split_under_the_corrections_checks_the_model_as_measured_then_amp_th
     assert isinstance(err, NoSplitError) and end.error is None  # not proven, never a proof
 
 
-def test_only_the_margin_ruling_every_split_out_lets_a_compile_decide() -> None:
+def test_an_estimate_with_margin_lets_a_compile_decide_without_it() -> None:
+    """Before any compile, "no split" under the margin is an estimate: the next plan drops the
+    margin (the planner then offers its least overfull split); without a margin it settles."""
     state = SearchState(SETTINGS, 1.15)
-    err = NoSplitError("margin", fits_without_margin=True)
-    state = learn(state, Unplanned(first(state), err))
-    assert state.margin == 1.0 and first(state).margin == 1.0
-    hopeless = learn(SearchState(SETTINGS, 1.15), Unplanned(first(state), NoSplitError("no")))
+    state = learn(state, Unplanned(first(state), NoSplitError("margin")))
+    assert state.margin == 1.0 and state.settled is None and first(state).margin == 1.0
+    hopeless = learn(state, Unplanned(first(state), NoSplitError("no")))
     assert hopeless.settled is not None and first(hopeless).kind == "probe"
 
 
