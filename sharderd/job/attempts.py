@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import anyio
 
@@ -14,6 +13,7 @@ from sharderd.job.session import PlanRequest
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.memory_model import HEADROOM, UNKNOWN_OVER, stage_factor
 from sharderd.plan.observations import AttemptKey, Observation, StageView, runs_size
+from sharderd.plan.types import Plan
 
 __all__ = ["AttemptRecord", "Correction", "ProveResult", "correction"]
 
@@ -67,8 +67,12 @@ class AttemptRecord:
     margin: float
     scale: tuple[float, ...]
     orders: tuple[str, ...] | None
-    plan: dict[str, Any]
-    files: dict[str, Any]
+    plan: Plan | None
+    """None for a probe, which is not a plan of the model."""
+    views: tuple[StageView, ...]
+    """What the search reads of the plan's stages (``observations.stage_views``)."""
+    model: Path
+    """The ONNX file compiled."""
     directory: Path
     request: PlanRequest | None
     """What planned it: the written result re-plans from exactly this (only the folder differs).
@@ -77,8 +81,6 @@ class AttemptRecord:
     correction: Correction | None = None
     measured_times: Mapping[str, float] | None = None
     """Node times the plan was made with (``cost_model = "measured"``), else None."""
-    contents: Sequence[Sequence[Sequence[int]]] = ()
-    """Each stage's nodes (``plan.observations.stage_contents``): what an OOM's excess follows."""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     cancelled_because: str | None = None
     """Why the attempt was stopped before it finished (a better plan compiled, the job stopped)."""
@@ -88,7 +90,7 @@ class AttemptRecord:
 
     @property
     def predicted_s(self) -> float:
-        return float(self.plan["bottleneck_s"])
+        return 0.0 if self.plan is None else self.plan.bottleneck_s
 
     def measured_period_s(self, batch_size: int) -> float | None:
         """Measured seconds per batch with the pipeline full: what ``predicted_s`` predicts."""

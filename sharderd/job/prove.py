@@ -206,25 +206,26 @@ class Prover:
             return replace(base, index=index, label=attempt.label, key=key, directory=directory)
         margin, scale, orders = attempt.margin, attempt.scale, attempt.orders
         dry = await self.session.plan(self._request(margin, scale, orders, None, attempt.content))
-        key = AttemptKey(dry["plan"]["digest"], attempt.amp)
-        if not worth_compiling(self.state, attempt, key, float(dry["plan"]["bottleneck_s"])):
+        key = AttemptKey(dry.plan.digest, attempt.amp)
+        if not worth_compiling(self.state, attempt, key, dry.plan.bottleneck_s):
             return None
         directory = self._fresh(index)
         request = self._request(margin, scale, orders, str(directory), attempt.content)
-        result = await self.session.plan(request)
+        planned = await self.session.plan(request)
+        assert planned.files is not None
         record = AttemptRecord(
             index=index,
             label=attempt.label,
-            key=AttemptKey(result["plan"]["digest"], attempt.amp),
+            key=AttemptKey(planned.plan.digest, attempt.amp),
             margin=margin,
             scale=scale,
             orders=orders,
-            plan=result["plan"],
-            files=result["files"],
+            plan=planned.plan,
+            views=stage_views(planned.plan, self.target.memory_bytes),
+            model=planned.files.model,
             directory=directory,
             request=request,
             measured_times=request.measured_times,
-            contents=result.get("contents", ()),
         )
         self.emit(
             "plan.finished",
@@ -232,7 +233,7 @@ class Prover:
                 "label": attempt.label,
                 "digest": record.key.digest,
                 "bottleneck_s": record.predicted_s,
-                "ratio_to_bound": result["plan"]["ratio_to_bound"],
+                "ratio_to_bound": planned.plan.ratio_to_bound,
                 "memory_scale": list(scale),
             },
         )
@@ -241,24 +242,23 @@ class Prover:
     async def _probe(self, attempt: Attempt, index: int) -> AttemptRecord | None:
         """The node needing most of a device alone, to compile alone (``plan.probe``)."""
         path = self._fresh(index) / f"{self.stem}.probe.onnx"
-        result = await self.session.probe(ProbeRequest(write_path=str(path)))
-        found = result["probe"]
+        found = await self.session.probe(ProbeRequest(write_path=str(path)))
         if found is None:
             return None
-        self.emit("probe.planned", {"node": found["name"], "need": round(found["need"], 4)})
-        plan, what = result["plan"], f"node {found['name']!r}"
+        self.emit("probe.planned", {"node": found.name, "need": round(found.need, 4)})
+        what = f"node {found.name!r}"
         return AttemptRecord(
             index=index,
             label=f"probe: {what} alone on one device",
-            key=AttemptKey(plan["digest"], attempt.amp),
+            key=AttemptKey(f"probe:{found.name}", attempt.amp),
             margin=1.0,
-            scale=tuple(plan["memory_scale"]),
+            scale=(1.0,),
             orders=None,
-            plan=plan,
-            files=result["files"],
+            plan=None,
+            views=(found.view,),
+            model=found.model,
             directory=self.workdir / f"attempt-{index}",
             request=None,
-            contents=result["contents"],
             probe=what,
         )
 
@@ -285,7 +285,7 @@ class Prover:
         )
         request = AttemptRequest(
             backend=self.backend,
-            model=record.files["model"],
+            model=str(record.model),
             artifact=str(record.directory / f"{self.stem}.{'popef' if poprt else 'artifact'}"),
             num_devices=1 if probe else self.devices,
             options=options,
@@ -318,7 +318,7 @@ class Prover:
         record.outcome = outcome
         kind, oom = outcome.outcome, outcome.oom
         observations: tuple[Any, ...] = ()
-        views = stage_views(record.plan, self.target.memory_bytes, record.contents)
+        views = record.views
         if kind == "ok" or (kind == "oom" and oom is not None):
             observations = observe(
                 record.index,

@@ -7,13 +7,14 @@ reports the bytes of a compile that fits (``Observation``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from sharderd.plan.oom import OomInfo
+from sharderd.plan.types import Plan
 
 __all__ = [
     "AttemptKey",
@@ -98,36 +99,27 @@ def runs_minus(a: Runs, b: Runs) -> Runs:
     return tuple(out)
 
 
-def stage_contents(assignment: np.ndarray, devices: int) -> list[list[list[int]]]:
-    """Each stage's nodes as ``[start, stop)`` runs of file indices, JSON-ready (O(N))."""
-    out: list[list[list[int]]] = [[] for _ in range(devices)]
-    if len(assignment) == 0:
-        return out
-    change = np.flatnonzero(np.diff(assignment)) + 1
-    starts = np.concatenate(([0], change))
-    stops = np.concatenate((change, [len(assignment)]))
-    for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
-        out[int(assignment[start])].append([start, stop])
-    return out
+def stage_contents(assignment: np.ndarray, devices: int) -> tuple[Runs, ...]:
+    """Each stage's nodes as ``[start, stop)`` runs of file indices (O(N))."""
+    out: list[list[tuple[int, int]]] = [[] for _ in range(devices)]
+    if len(assignment):
+        change = np.flatnonzero(np.diff(assignment)) + 1
+        starts = np.concatenate(([0], change)).tolist()
+        stops = np.concatenate((change, [len(assignment)])).tolist()
+        for start, stop in zip(starts, stops, strict=True):
+            out[int(assignment[start])].append((start, stop))
+    return tuple(tuple(runs) for runs in out)
 
 
-def stage_views(
-    plan: Mapping[str, Any], capacity: int, contents: Sequence[Sequence[Sequence[int]]]
-) -> tuple[StageView, ...]:
-    """``StageView`` of every stage of a planned split (``contents``: ``stage_contents``)."""
-    scales = plan.get("memory_scale") or ()
+def stage_views(plan: Plan, capacity: int) -> tuple[StageView, ...]:
+    """``StageView`` of every stage of a plan: its predicted share of a device, its nodes."""
+    contents = stage_contents(plan.assignment, plan.devices)
     views = []
-    for k, stage in enumerate(plan["stages"]):
-        memory = max(int(stage["memory_bytes"]), 1)
-        views.append(
-            StageView(
-                device=int(stage["index"]),
-                predicted=memory / capacity,
-                runs=tuple((int(a), int(b)) for a, b in contents[k]) if k < len(contents) else (),
-                code_share=min(1.0, int(stage.get("code_bytes", 0)) / memory),
-                scale=float(scales[k]) if k < len(scales) else 1.0,
-            )
-        )
+    for k, stage in enumerate(plan.stages):
+        memory = max(stage.memory_bytes, 1)
+        scale = plan.memory_scale[k] if k < len(plan.memory_scale) else 1.0
+        code = min(1.0, stage.code_bytes / memory)
+        views.append(StageView(stage.index, memory / capacity, contents[k], code, scale))
     return tuple(views)
 
 

@@ -37,31 +37,6 @@ class ProbeTarget:
     """Its weights, inputs, outputs and code / device capacity, uncorrected."""
     code_share: float
 
-    def plan_dict(self, capacity: int) -> dict[str, object]:
-        """The probe as a one-stage ``plan_section``, so its outcome is read like any plan's."""
-        memory = max(round(self.predicted * capacity), 1)
-        return {
-            "digest": f"probe:{self.name}",
-            "devices": 1,
-            "order": "file",
-            "bottleneck_s": 0.0,
-            "ratio_to_bound": None,
-            "memory_scale": [1.0],
-            "stages": [
-                {
-                    "index": 0,
-                    "start": self.node,
-                    "stop": self.node + 1,
-                    "memory_bytes": memory,
-                    "code_bytes": round(memory * self.code_share),
-                    "time_s": 0.0,
-                }
-            ],
-        }
-
-    def contents(self) -> list[list[list[int]]]:
-        return [[[self.node, self.node + 1]]]
-
 
 def probe_target(analysis: Analysis, target: Target) -> ProbeTarget | None:
     """The node needing the largest share of a device alone, if it needs at least

@@ -47,7 +47,7 @@ def test_a_stage_of_corrected_nodes_holds_its_factor_times_its_bytes(name: str) 
     plan = plan_stages(analysis, TARGET, 4, safety_margin=1.0)
     runs = stage_contents(plan.assignment, 4)
     factor = 1.7
-    content = ContentCorrection(1.0, ((tuple(map(tuple, runs[1])), factor),))
+    content = ContentCorrection(1.0, ((runs[1], factor),))
     grown = corrected_analysis(analysis, content, TARGET.memory_bytes)
     before = ordered_costs(analysis, TARGET, plan.order)
     after = ordered_costs(grown, TARGET, plan.order)
