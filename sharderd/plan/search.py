@@ -1,18 +1,10 @@
 """The proving search as values: one frozen ``SearchState`` and three pure functions.
 
 ``next_attempts(state)`` says what to compile next (or that the search is over: a ``Verdict``),
-``learn(state, event)`` folds in what happened (a compile's outcome, a planner's answer), and
-``verdict(state)`` says how the search ends. ``job/prove.py`` is the loop that asks the planner,
-runs the compiles and feeds the events back; docs/search.md has the rules in prose:
-
-- plan with the safety margin and the memory model the overflows imply (``memory_model``); beside
-  the first plan, in free pool slots, the probe (``plan.probe``) and the speculative margins;
-- after an overflow, re-plan with every overflow so far (once the running compiles are in);
-- when the corrected model has no split, compile the split the model *as measured* still allows
-  (no margin, the noise in its favour); when that has none either, try the AMP levels that can
-  close the gap (``memory_model.amp_closing``), then end "not proven": a fitted model is no proof;
-- exit 3 only on ``errors.GROUNDS``: the weights (the planner's ``PlanInfeasibleError``) or the
-  probe overflowing alone at the lowest AMP.
+``learn(state, event)`` folds in what happened (a compile started or finished, the planner had no
+new split), ``verdict(state)`` says how it ends. ``job/prove.py`` is the loop around them;
+docs/search.md has the rules in prose. Exit 3 only on ``errors.GROUNDS``: the planner's weights
+proof (``PlanInfeasibleError``) or the probe overflowing alone at the lowest AMP.
 """
 
 from __future__ import annotations
@@ -132,6 +124,7 @@ class Verdict:
     settled: NoSplitError | None = None
     """The model as measured has no split: an estimate, never a proof."""
     note: str = ""
+    """Why no lower AMP was tried, for the "not proven" message."""
 
 
 @dataclass(frozen=True, slots=True)
