@@ -35,9 +35,8 @@ __all__ = [
 
 PERF_BAND = 0.9
 """``--optimal-perf`` compiles a variant only if its predicted time, calibrated by the best ratio of
-measured to predicted so far, is at least 10% faster than the best measured plan: the cost model's
-error between two splits of one model is of that order, so a smaller predicted gain is a coin toss
-that costs a compile."""
+measured to predicted so far, is 10% under the best measured period: the cost model's error between
+two splits of one model is of that order, so a smaller predicted gain is a coin toss."""
 
 Kind = Literal["plan", "speculative", "roomy", "verdict", "probe", "amp", "perf", "calibrate"]
 
@@ -263,8 +262,12 @@ def next_attempts(state: SearchState) -> tuple[Attempt, ...] | Verdict:
     best = s.best()
     calibrating = s.measured_times is not None and s.plan_attempt("calibrate") not in s.asked
     if best is not None and not cfg.optimal_perf and not calibrating:
-        if any(r.predicted_s < best.predicted_s for r in running if r.attempt.kind != "probe"):
-            return ()
+        if any(
+            r.attempt.kind == "calibrate"
+            or (r.attempt.kind != "probe" and r.predicted_s < best.predicted_s)
+            for r in running
+        ):
+            return ()  # a re-plan on measured times, or a plan predicted faster, may beat it
         return verdict(s)
     proposals: tuple[Attempt, ...] = ()
     if len(s.attempts) < cfg.max_attempts:
@@ -306,8 +309,7 @@ def _proposals(s: SearchState, best: Started | None) -> tuple[Attempt, ...]:
 
 
 def _probe(s: SearchState) -> tuple[Attempt, ...]:
-    """The probe, beside the first plan (before any outcome), PopRT only: at the lowest AMP an
-    overflow of one node alone holds at every AMP the job may use."""
+    """The probe (``plan.probe``), PopRT only, beside the first plan, at the lowest AMP."""
     if not s.settings.probe or s.observations or s.best() is not None:
         return ()
     lowest = s.settings.lowest_amp

@@ -275,3 +275,17 @@ def test_a_split_that_overflowed_at_a_lower_amp_is_not_compiled_at_the_default()
     assert not worth_compiling(state, plan, AttemptKey("abc", 0.6), 1.0)
     assert worth_compiling(state, plan, AttemptKey("other", 0.6), 1.0)
     assert state.content().identity  # its bytes are evidence at 0.3 only
+
+
+def test_a_re_plan_on_measured_times_is_waited_for() -> None:
+    """With ``cost_model = "measured"`` the first fit's profile asks for one re-plan on measured
+    times; the search waits for it even when its prediction (in other units) is slower."""
+    cfg = replace(SETTINGS, calibrate=True, probe=False, speculative_margins=())
+    state = SearchState(cfg, 1.15)
+    state = start(state, first(state), "a", predicted_s=1.0)
+    state = learn(state, Finished(0, "ok", node_times=(("n", 0.5),)))
+    again = first(state)
+    assert again.kind == "calibrate" and state.measured_times == (("n", 0.5),)
+    state = start(state, again, "b", predicted_s=5.0)
+    assert next_attempts(state) == ()
+    assert next_attempts(learn(state, Finished(1, "ok"))) == Verdict(0)
