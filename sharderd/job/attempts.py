@@ -5,16 +5,58 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import anyio
 
 from sharderd.backends.protocol import AttemptOutcome
 from sharderd.job.session import PlanRequest
-from sharderd.plan.observations import AttemptKey
-from sharderd.plan.search import Correction
+from sharderd.plan.content import ContentCorrection
+from sharderd.plan.memory_model import HEADROOM, UNKNOWN_OVER, stage_factor
+from sharderd.plan.observations import AttemptKey, Observation, StageView, runs_size
+from sharderd.plan.types import Plan
 
-__all__ = ["AttemptRecord", "ProveResult"]
+__all__ = ["AttemptRecord", "Correction", "ProveResult", "correction"]
+
+
+@dataclass(frozen=True, slots=True)
+class Correction:
+    """What one outcome taught, as the report shows it."""
+
+    device: int | None
+    measured_fraction: float | None
+    """Worst-tile bytes / tile capacity reported by the compiler (> 1 on OOM)."""
+    predicted_fraction: float | None
+    """The plan's predicted memory / device capacity for that device."""
+    before: tuple[float, ...]
+    """The factor each stage of the plan was planned with (corrected / predicted bytes)."""
+    after: tuple[float, ...]
+    """The same with the overflowed stage's nodes at the factor this outcome taught."""
+    reason: str = field(default="")
+
+
+def correction(
+    stages: Sequence[StageView], new: Sequence[Observation], model: ContentCorrection
+) -> Correction | None:
+    """The report's account of an overflow (None for a fit): the factor its stage's nodes now
+    carry wherever a re-plan puts them (``model``: the memory model after it)."""
+    o = next((o for o in new if not o.fits), None)
+    if o is None:
+        return None
+    before = tuple(v.scale for v in stages)
+    if o.stage is None:
+        after = tuple(b * UNKNOWN_OVER for b in before)
+        return Correction(
+            None, None, None, before, after, f"OOM without a device: ×{UNKNOWN_OVER:g} everywhere"
+        )
+    factor = stage_factor(o, (o.measured or UNKNOWN_OVER) * HEADROOM)
+    after = tuple(max(b, factor) if k == o.stage.device else b for k, b in enumerate(before))
+    shown = f"{o.measured:.3f}× capacity" if o.measured is not None else "over capacity (no number)"
+    reason = (
+        f"device {o.stage.device}: worst tile {shown} vs {o.stage.predicted:.3f} predicted; its "
+        f"{runs_size(o.stage.runs)} node(s) ×{factor:.3g} wherever they go; node factors "
+        f"{model.describe()}"
+    )
+    return Correction(o.device, o.measured, o.stage.predicted, before, after, reason)
 
 
 @dataclass(slots=True)
@@ -25,8 +67,12 @@ class AttemptRecord:
     margin: float
     scale: tuple[float, ...]
     orders: tuple[str, ...] | None
-    plan: dict[str, Any]
-    files: dict[str, Any]
+    plan: Plan | None
+    """None for a probe, which is not a plan of the model."""
+    views: tuple[StageView, ...]
+    """What the search reads of the plan's stages (``observations.stage_views``)."""
+    model: Path
+    """The ONNX file compiled."""
     directory: Path
     request: PlanRequest | None
     """What planned it: the written result re-plans from exactly this (only the folder differs).
@@ -35,8 +81,6 @@ class AttemptRecord:
     correction: Correction | None = None
     measured_times: Mapping[str, float] | None = None
     """Node times the plan was made with (``cost_model = "measured"``), else None."""
-    contents: Sequence[Sequence[Sequence[int]]] = ()
-    """Each stage's nodes (``plan.observations.stage_contents``): what an OOM's excess follows."""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     cancelled_because: str | None = None
     """Why the attempt was stopped before it finished (a better plan compiled, the job stopped)."""
@@ -46,7 +90,7 @@ class AttemptRecord:
 
     @property
     def predicted_s(self) -> float:
-        return float(self.plan["bottleneck_s"])
+        return 0.0 if self.plan is None else self.plan.bottleneck_s
 
     def measured_period_s(self, batch_size: int) -> float | None:
         """Measured seconds per batch with the pipeline full: what ``predicted_s`` predicts."""

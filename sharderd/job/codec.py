@@ -1,4 +1,5 @@
-"""What crosses the planning worker's pipe: errors, kept as their own types.
+"""What crosses the planning worker's pipe, as frozen values: the plans (``Planned``: the ``Plan``
+with its stage contents and the files written; ``Probed``), the corrections, and the errors.
 
 Only the worker (``job/planworker.py``) and its client (``job/session.py``) use this. An error
 travels as its class (module and name, under ``sharderd``) and its instance fields, so every
@@ -10,11 +11,112 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from sharderd.errors import SharderdError
+from sharderd.plan.content import ContentCorrection
+from sharderd.plan.observations import StageView
+from sharderd.plan.types import CutTensor, Plan, StageCost
 
-__all__ = ["decode_error", "encode_error"]
+if TYPE_CHECKING:  # the engine (onnx) loads only where a plan is written or read back
+    from sharderd.engine import ShardFiles
+
+__all__ = [
+    "Planned",
+    "Probed",
+    "decode_content",
+    "decode_error",
+    "decode_planned",
+    "decode_probed",
+    "encode_error",
+    "encode_planned",
+    "encode_probed",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A plan the service made, and the files it wrote for it (None: not written)."""
+
+    plan: Plan
+    files: ShardFiles | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Probed:
+    """The node to compile alone (``plan.probe``), as the search reads it, and its written model."""
+
+    name: str
+    need: float
+    """Its predicted share of a device alone."""
+    view: StageView
+    model: Path
+
+
+def encode_planned(planned: Planned) -> dict[str, Any]:
+    plan = {f.name: getattr(planned.plan, f.name) for f in fields(Plan)}
+    plan.update(
+        order=planned.plan.order.tolist(),
+        assignment=planned.plan.assignment.tolist(),
+        stages=[asdict(s) for s in planned.plan.stages],
+        cut_tensors=[asdict(c) for c in planned.plan.cut_tensors],
+        orders_tried=dict(planned.plan.orders_tried),
+        timings_s=dict(planned.plan.timings_s),
+    )
+    files = planned.files
+    written = None
+    if files is not None:
+        written = {
+            "model": str(files.model),
+            "sharding_yaml": str(files.sharding_yaml),
+            "external": [str(p) for p in files.external],
+            "routed": [asdict(r) for r in files.routed],
+        }
+    return {"plan": plan, "files": written}
+
+
+def decode_planned(data: Mapping[str, Any]) -> Planned:
+    p = dict(data["plan"])
+    plan = Plan(
+        **{
+            **p,
+            "order": np.asarray(p["order"], dtype=np.int64),
+            "assignment": np.asarray(p["assignment"], dtype=np.int64),
+            "bounds": tuple(p["bounds"]),
+            "stages": tuple(StageCost(**s) for s in p["stages"]),
+            "cut_tensors": tuple(CutTensor(**c) for c in p["cut_tensors"]),
+            "memory_scale": tuple(p["memory_scale"]),
+        }
+    )
+    f = data.get("files")
+    files = None
+    if f is not None:
+        from sharderd.engine import ShardFiles
+        from sharderd.shard.annotate import RoutedInput
+
+        routed = tuple(RoutedInput(**{**r, "stages": tuple(r["stages"])}) for r in f["routed"])
+        external = tuple(Path(x) for x in f["external"])
+        files = ShardFiles(Path(f["model"]), Path(f["sharding_yaml"]), external, routed)
+    return Planned(plan, files)
+
+
+def encode_probed(probed: Probed | None) -> dict[str, Any] | None:
+    if probed is None:
+        return None
+    return {**asdict(probed), "model": str(probed.model)}
+
+
+def decode_probed(data: Mapping[str, Any] | None) -> Probed | None:
+    if data is None:
+        return None
+    v = dict(data["view"])
+    view = StageView(**{**v, "runs": tuple((int(a), int(b)) for a, b in v["runs"])})
+    return Probed(str(data["name"]), float(data["need"]), view, Path(data["model"]))
+
 
 _NESTED = "__sharderd_error__"
 
@@ -69,3 +171,22 @@ def _decode(value: Any) -> Any:
             return decode_error(value[_NESTED])
         return {k: _decode(v) for k, v in value.items()}
     return value
+
+
+def decode_content(data: Mapping[str, Any] | None) -> ContentCorrection | None:
+    """A ``ContentCorrection`` sent as ``dataclasses.asdict`` JSON (a plan request's)."""
+    if data is None:
+        return None
+
+    def runs(key: str) -> tuple[tuple[tuple[tuple[int, int], ...], float], ...]:
+        return tuple(
+            (tuple((int(a), int(b)) for a, b in r), float(f)) for r, f in data.get(key, ())
+        )
+
+    return ContentCorrection(
+        float(data["base"]),
+        runs("patches"),
+        runs("measured"),
+        runs("fixed"),
+        bool(data.get("fixed_on_heaviest", False)),
+    )

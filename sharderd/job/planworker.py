@@ -14,7 +14,7 @@ from typing import Any
 
 from sharderd.config import PlanConfig, load_table
 from sharderd.errors import SharderdError
-from sharderd.job.codec import encode_error
+from sharderd.job.codec import encode_error, encode_planned, encode_probed
 from sharderd.job.session import PlanService, plan_request_from, probe_request_from
 from sharderd.target import Target
 
@@ -33,13 +33,13 @@ def main() -> int:
                 plan = message["plan"]
                 config = load_table(PlanConfig, plan, "plan worker")
                 service = PlanService(Path(message["model"]), config, Target(**message["target"]))
-                result: dict[str, Any] = {"ready": True}
+                result: Any = {"ready": True}
             elif message["op"] == "summary":
                 result = service.summary()
             elif message["op"] == "plan":
-                result = service.plan(plan_request_from(message))
+                result = encode_planned(service.plan(plan_request_from(message)))
             elif message["op"] == "probe":
-                result = service.probe(probe_request_from(message))
+                result = encode_probed(service.probe(probe_request_from(message)))
             else:
                 raise SharderdError(f"unknown plan worker op {message.get('op')!r}")
         except SharderdError as err:

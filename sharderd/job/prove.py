@@ -1,274 +1,374 @@
-"""Prove a plan by compiling it, learning from every outcome, stopping as early as possible.
+"""Prove a plan by compiling it: the loop around the pure search (``plan.search``).
 
-The loop: compile the best plan; with a free pool slot, also a speculative variant. Each outcome
-becomes observations (``plan.search.learn``) from which the memory model is derived again, and
-the exact planner re-solves; a split is never compiled twice with the same options. What to
-compile next is ``NextAttempt``; how the search ends (the kept plan, or "does not fit" only when
-the model as measured has no split) is ``Verdict``; docs/search.md has the rules.
+It asks ``next_attempts`` what to compile, plans it (or the probe) in the planning session, starts
+the compile in the attempt pool when a slot is free, and feeds every planner answer and compile
+outcome back through ``learn``; ``verdict`` (via ``job.verdict.ending``) says how it ends.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectSendStream
 
 from sharderd.backends.attempt import run_attempt
+from sharderd.backends.pool import AttemptPool
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
 from sharderd.backends.registry import attempt_options
-from sharderd.errors import (
-    CompileFailedError,
-    SharderdError,
-    VerificationError,
-)
-from sharderd.job.attempts import AttemptRecord, ProveResult
-from sharderd.job.next_attempt import NextAttempt
-from sharderd.job.prover_state import Emit
-from sharderd.job.session import PlanRequest
+from sharderd.config import Config
+from sharderd.errors import CompileFailedError, NoSplitError, SharderdError, VerificationError
+from sharderd.job.attempts import AttemptRecord, ProveResult, correction
+from sharderd.job.session import PlanRequest, PlanSession, ProbeRequest
 from sharderd.job.verdict import ending, fewest_devices, probe_proof
+from sharderd.plan.observations import AttemptKey, observe, stage_views
 from sharderd.plan.search import (
+    Attempt,
+    Finished,
+    SearchState,
+    Settings,
+    Started,
+    Unplanned,
+    Verdict,
     learn,
-    observe,
-    stage_views,
+    next_attempts,
+    worth_compiling,
 )
+from sharderd.target import Target
 
 __all__ = ["AttemptRecord", "Emit", "ProveResult", "Prover"]
 
+Emit = Callable[[str, Mapping[str, Any]], None]
+Outcomes = MemoryObjectSendStream[tuple[AttemptRecord, AttemptOutcome]]
 
-class Prover(NextAttempt):
-    """One job's search: starts attempts, hands each outcome to the policy, stops as early as it can."""
 
-    # -- outcomes --------------------------------------------------------------------------
+@dataclass(slots=True, kw_only=True)
+class Prover:
+    """One job's search: the pure state, the records of its compiles, and the loop."""
 
-    def _handle(self, record: AttemptRecord, outcome: AttemptOutcome) -> None:
-        record.outcome = outcome
-        kind = outcome.outcome
-        if kind in ("ok", "oom") and (kind == "ok" or outcome.oom is not None):
-            views = stage_views(record.plan, self.target.memory_bytes, record.contents)
-            new = observe(
-                record.index,
-                views,
-                kind="ok" if kind == "ok" else "oom",
-                amp=record.key.amp,
-                oom=outcome.oom,
-                tile_bytes=self.target.bytes_per_tile,
-            )
-            self.state, record.correction = learn(self.state, record.key, new, views)
-        if record.probe is not None:
-            # A probe teaches memory only: it is never a result, and a probe PopRT rejects
-            # (an op that will not compile alone) says nothing about the plan.
-            if kind == "oom" and record.key.amp <= self.lowest_amp:
-                self.proof = probe_proof(record, outcome, self.devices, self.target)
-                self.stop_reason = f"attempt {record.index} proved no split fits: {record.probe} alone ran out of memory"
-                self.done = True
-            elif kind == "oom" and outcome.oom is not None and self.infeasible is None:
-                self.need_base = True
-            return
-        if kind == "ok":
-            times = (outcome.details or {}).get("node_times_s")
-            if self.calibrate and self.measured_times is None and times:
-                self.measured_times = dict(times)
-                self.calibrate_pending = True
-                return
-            better_running = [
-                a for a in self.running.values() if a.predicted_s < record.predicted_s
-            ]
-            if not self.optimal_perf and not better_running and not self.calibrate_pending:
-                self.done = True
-        elif kind == "oom" and outcome.oom is not None:
-            if record.key.amp == self.default_amp and self.infeasible is None:
-                self.need_base = True
-                self.hypothesis_pending = True
-        elif kind == "invalid":
-            if outcome.cause == "verification":
-                self.fatal = VerificationError(outcome.message)
-            elif not self._any_ok():
-                self.fatal = CompileFailedError(
-                    f"the {self.backend} backend rejected the sharded model: {outcome.message.splitlines()[0] if outcome.message else 'no message'}",
-                    hint="see report.json attempts[].message for the full compiler text",
-                )
+    session: PlanSession
+    backend: str
+    config: Config
+    target: Target
+    devices: int
+    stem: str
+    workdir: Path
+    pool: AttemptPool
+    job_id: str
+    emit: Emit
+    max_attempts: int
+    parallel: int
+    timeout: float
+    kill_grace: float
+    priority: int = 0
+    optimal_perf: bool = False
+    env: Mapping[str, str] | None = None
+    argv_prefix: list[str] | None = None
+    reference_model: Path | None = None
+    """The user's own file: the onnxruntime backend checks the stages against it."""
+    precision: str = "fp32"
+    input_shapes: Mapping[str, list[int]] | None = None
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    state: SearchState = field(init=False)
+
+    def __post_init__(self) -> None:
+        poprt, plan = self.backend == "poprt", self.config.plan
+        settings = Settings(
+            devices=self.devices,
+            margin=plan.safety_margin,
+            default_amp=self.config.poprt.available_memory_proportion if poprt else 0.0,
+            fallbacks=tuple(self.config.search.amp_fallbacks) if poprt else (),
+            speculative_margins=tuple(self.config.search.speculative_margins),
+            max_attempts=self.max_attempts,
+            optimal_perf=self.optimal_perf,
+            calibrate=plan.cost_model == "measured" and self.backend == "onnxruntime",
+            probe=poprt,
+        )
+        self.state = SearchState(settings, plan.safety_margin)
 
     # -- the loop --------------------------------------------------------------------------
-
-    def _may_start(self) -> bool:
-        if len(self.attempts) >= self.max_attempts or len(self.running) >= self.parallel:
-            return False
-        if not self.running:
-            return True
-        return self.pool.busy + self.pool.waiting < self.pool.max_parallel
-
-    async def _run_one(
-        self,
-        record: AttemptRecord,
-        send: MemoryObjectSendStream[tuple[AttemptRecord, AttemptOutcome]],
-    ) -> None:
-        request = AttemptRequest(
-            backend=self.backend,
-            model=record.files["model"],
-            artifact=str(
-                record.directory
-                / f"{self.stem}.{'popef' if self.backend == 'poprt' else 'artifact'}"
-            ),
-            num_devices=1 if record.probe is not None else self.devices,
-            options=attempt_options(
-                self.backend,
-                self.config,
-                amp=record.key.amp if self.backend == "poprt" else None,
-                profile=self.calibrate and self.measured_times is None,
-                stages_dir=str(record.directory / "stages"),
-                reference_model=self.reference_model,
-                precision=self.precision,
-                input_shapes=self.input_shapes,
-            ),
-            tiles_per_device=self.target.tiles,
-            benchmark=record.probe is None and (self.optimal_perf or self.backend == "onnxruntime"),
-            warmup=self.config.poprt.benchmark_warmup,
-            runs=self.config.poprt.benchmark_runs,
-            batch_size=self.config.plan.batch_size,
-            precision=self.precision,
-            input_shapes=None if record.probe is not None else self.input_shapes,
-        )
-        record.directory.mkdir(parents=True, exist_ok=True)
-        async with send:
-            await self._attempt(record, request, send)
-
-    async def _attempt(
-        self,
-        record: AttemptRecord,
-        request: AttemptRequest,
-        send: MemoryObjectSendStream[tuple[AttemptRecord, AttemptOutcome]],
-    ) -> None:
-        with record.scope:
-            outcome = await run_attempt(
-                request,
-                record.directory,
-                pool=self.pool,
-                job_id=self.job_id,
-                priority=self.priority,
-                timeout=self.timeout,
-                kill_grace=self.kill_grace,
-                env=self.env,
-                argv_prefix=self.argv_prefix,
-            )
-            await send.send((record, outcome))
-
-    def _start(
-        self,
-        tg: TaskGroup,
-        record: AttemptRecord,
-        send: MemoryObjectSendStream[tuple[AttemptRecord, AttemptOutcome]],
-    ) -> None:
-        self.attempts.append(record)
-        self.state = replace(self.state, tried=self.state.tried | {record.key})
-        self.running[record.index] = record
-        self.emit(
-            "attempt.started",
-            {
-                "attempt": record.index,
-                "label": record.label,
-                "digest": record.key.digest,
-                **({"amp": record.key.amp} if self.backend == "poprt" else {}),
-            },  # only PopRT has the option
-        )
-        tg.start_soon(self._run_one, record, send.clone())
 
     async def run(self) -> ProveResult:
         send, receive = anyio.create_memory_object_stream[tuple[AttemptRecord, AttemptOutcome]](
             math.inf
         )
+        reason = "the job was cancelled (sharderd cancel, or the daemon stopping)"
         failure: SharderdError | None = None
         try:
-            await self._loop(send, receive)
+            async with send, receive, anyio.create_task_group() as tg:
+                while not isinstance(wanted := next_attempts(self.state), Verdict):
+                    if wanted and self._slot_free():
+                        try:
+                            await self._begin(tg, wanted[0], send)
+                        except SharderdError as err:  # planning failed (e.g. its worker died)
+                            failure = err
+                            self._cancel_running(f"planning failed: {err.message}")
+                            break
+                        continue
+                    record, outcome = await receive.receive()
+                    self._finish(record, outcome)
+                else:
+                    reason = _why_stopped(wanted)
+                    self._cancel_running(reason)
         except anyio.get_cancelled_exc_class():
-            for other in self.running.values():
-                other.cancelled_because = (
-                    self.stop_reason
-                    or "the job was cancelled (sharderd cancel, or the daemon stopping)"
-                )
+            self._cancel_running(reason, cancel=False)
             raise
-        except _PlanningFailed as failed:
-            failure = failed.error
         if failure is not None:
             raise failure
-        estimate, content = self.state.scales(), self.state.estimate_content()
+        assert isinstance(wanted, Verdict)
+        state = self.state
 
         def measured(devices: int) -> PlanRequest:
-            scale = (*estimate, *(1.0,) * (devices - self.devices))
-            return self._request(1.0, scale, None, None, devices, content=content)
+            scale = (*state.scales(), *(1.0,) * (devices - self.devices))
+            return self._request(1.0, scale, None, None, state.content(estimate=True), devices)
 
         return await ending(
             self.attempts,
-            self._best_ok(),
-            fatal=self.fatal,
-            proof=self.proof,
-            settled=self.infeasible,
-            note=self.settle_note,
+            wanted,
             devices=self.devices,
             target=self.target,
-            max_attempts=self.max_attempts,
+            max_attempts=state.settings.max_attempts,
             fewest=lambda: fewest_devices(self.session, measured, self.devices),
         )
 
-    async def _loop(
+    def _slot_free(self) -> bool:
+        running = len(self.state.running())
+        if running >= max(1, self.parallel):
+            return False
+        return not running or self.pool.busy + self.pool.waiting < self.pool.max_parallel
+
+    def _cancel_running(self, reason: str, *, cancel: bool = True) -> None:
+        for a in self.state.running():
+            record = self.attempts[a.index]
+            record.cancelled_because = record.cancelled_because or reason
+            if cancel:
+                record.scope.cancel()
+
+    # -- planning ----------------------------------------------------------------------------
+
+    def _request(
         self,
-        send: MemoryObjectSendStream[tuple[AttemptRecord, AttemptOutcome]],
-        receive: MemoryObjectReceiveStream[tuple[AttemptRecord, AttemptOutcome]],
-    ) -> None:
-        failure: SharderdError | None = None
-        async with send, receive, anyio.create_task_group() as tg:
-            while True:
-                try:
-                    while self._may_start():
-                        record = await self._next()
-                        if record is None:
-                            break
-                        self._start(tg, record, send)
-                except SharderdError as err:
-                    # Planning failed (e.g. its worker died): stop the attempts, then report it
-                    # as itself, not wrapped in the task group's exception group.
-                    failure = err
-                    for other in self.running.values():
-                        other.cancelled_because = f"planning failed: {err.message}"
-                        other.scope.cancel()
-                    self.running.clear()
-                    break
-                if not self.running:
-                    break
-                record, outcome = await receive.receive()
-                self.running.pop(record.index, None)
-                self._handle(record, outcome)
-                self.emit(
-                    "attempt.finished",
-                    {
-                        "attempt": record.index,
-                        "result": outcome.outcome,
-                        "duration_s": round(outcome.duration_s, 3),
-                        "device": outcome.oom.device if outcome.oom else None,
-                        "bytes_used": outcome.oom.bytes_used if outcome.oom else None,
-                        "message": (outcome.message or "").splitlines()[0][:300]
-                        if outcome.message
-                        else "",
-                    },
+        margin: float,
+        scale: tuple[float, ...],
+        orders: tuple[str, ...] | None,
+        write_dir: str | None,
+        content: Any,
+        devices: int | None = None,
+    ) -> PlanRequest:
+        # No correction learned yet: say so (None), so the planner returns its least overfull
+        # split for a compile to decide instead of refusing without a proof.
+        return PlanRequest(
+            devices or self.devices,
+            margin,
+            None if all(x == 1.0 for x in scale) else scale,
+            orders,
+            write_dir=write_dir,
+            stem=self.stem,
+            measured_times=dict(self.state.measured_times or ()) or None,
+            content=None if content is None or content.identity else content,
+        )
+
+    async def _begin(self, tg: TaskGroup, attempt: Attempt, send: Outcomes) -> None:
+        """Plan ``attempt`` and start its compile, or tell the state the planner had nothing new."""
+        try:
+            record = await self._record(attempt)
+        except NoSplitError as err:
+            self.state = learn(self.state, Unplanned(attempt, err))
+            return
+        if record is None:
+            self.state = learn(self.state, Unplanned(attempt))
+            return
+        self.attempts.append(record)
+        started = Started(record.index, attempt, record.key, record.predicted_s)
+        self.state = learn(self.state, started)
+        amp = {"amp": record.key.amp} if self.backend == "poprt" else {}  # only PopRT has it
+        self.emit(
+            "attempt.started",
+            {"attempt": record.index, "label": record.label, "digest": record.key.digest, **amp},
+        )
+        tg.start_soon(self._run_one, record, send.clone())
+
+    async def _record(self, attempt: Attempt) -> AttemptRecord | None:
+        index = len(self.attempts)
+        if attempt.kind == "probe":
+            return await self._probe(attempt, index)
+        if attempt.kind == "amp":
+            assert attempt.of is not None
+            base = self.attempts[attempt.of]
+            key = AttemptKey(base.key.digest, attempt.amp)
+            directory = self.workdir / f"attempt-{index}"
+            return replace(base, index=index, label=attempt.label, key=key, directory=directory)
+        margin, scale, orders = attempt.margin, attempt.scale, attempt.orders
+        dry = await self.session.plan(self._request(margin, scale, orders, None, attempt.content))
+        key = AttemptKey(dry.plan.digest, attempt.amp)
+        if not worth_compiling(self.state, attempt, key, dry.plan.bottleneck_s):
+            return None
+        directory = self._fresh(index)
+        request = self._request(margin, scale, orders, str(directory), attempt.content)
+        planned = await self.session.plan(request)
+        assert planned.files is not None
+        record = AttemptRecord(
+            index=index,
+            label=attempt.label,
+            key=AttemptKey(planned.plan.digest, attempt.amp),
+            margin=margin,
+            scale=scale,
+            orders=orders,
+            plan=planned.plan,
+            views=stage_views(planned.plan, self.target.memory_bytes),
+            model=planned.files.model,
+            directory=directory,
+            request=request,
+            measured_times=request.measured_times,
+        )
+        self.emit(
+            "plan.finished",
+            {
+                "label": attempt.label,
+                "digest": record.key.digest,
+                "bottleneck_s": record.predicted_s,
+                "ratio_to_bound": planned.plan.ratio_to_bound,
+                "memory_scale": list(scale),
+            },
+        )
+        return record
+
+    async def _probe(self, attempt: Attempt, index: int) -> AttemptRecord | None:
+        """The node needing most of a device alone, to compile alone (``plan.probe``)."""
+        path = self._fresh(index) / f"{self.stem}.probe.onnx"
+        found = await self.session.probe(ProbeRequest(write_path=str(path)))
+        if found is None:
+            return None
+        self.emit("probe.planned", {"node": found.name, "need": round(found.need, 4)})
+        what = f"node {found.name!r}"
+        return AttemptRecord(
+            index=index,
+            label=f"probe: {what} alone on one device",
+            key=AttemptKey(f"probe:{found.name}", attempt.amp),
+            margin=1.0,
+            scale=(1.0,),
+            orders=None,
+            plan=None,
+            views=(found.view,),
+            model=found.model,
+            directory=self.workdir / f"attempt-{index}",
+            request=None,
+            probe=what,
+        )
+
+    def _fresh(self, index: int) -> Path:
+        """The attempt's folder, emptied: a probe writes its model there before it starts."""
+        directory = self.workdir / f"attempt-{index}"
+        if directory.exists():
+            shutil.rmtree(directory)
+        return directory
+
+    # -- compiles ------------------------------------------------------------------------------
+
+    async def _run_one(self, record: AttemptRecord, send: Outcomes) -> None:
+        probe, poprt = record.probe is not None, self.backend == "poprt"
+        options = attempt_options(
+            self.backend,
+            self.config,
+            amp=record.key.amp if poprt else None,
+            profile=self.state.settings.calibrate and self.state.measured_times is None,
+            stages_dir=str(record.directory / "stages"),
+            reference_model=self.reference_model,
+            precision=self.precision,
+            input_shapes=self.input_shapes,
+        )
+        request = AttemptRequest(
+            backend=self.backend,
+            model=str(record.model),
+            artifact=str(record.directory / f"{self.stem}.{'popef' if poprt else 'artifact'}"),
+            num_devices=1 if probe else self.devices,
+            options=options,
+            tiles_per_device=self.target.tiles,
+            benchmark=not probe and (self.state.settings.optimal_perf or not poprt),
+            warmup=self.config.poprt.benchmark_warmup,
+            runs=self.config.poprt.benchmark_runs,
+            batch_size=self.config.plan.batch_size,
+            precision=self.precision,
+            input_shapes=None if probe else self.input_shapes,
+        )
+        record.directory.mkdir(parents=True, exist_ok=True)
+        async with send:
+            with record.scope:
+                outcome = await run_attempt(
+                    request,
+                    record.directory,
+                    pool=self.pool,
+                    job_id=self.job_id,
+                    priority=self.priority,
+                    timeout=self.timeout,
+                    kill_grace=self.kill_grace,
+                    env=self.env,
+                    argv_prefix=self.argv_prefix,
                 )
-                if self.done:
-                    for other in self.running.values():
-                        other.cancelled_because = (
-                            self.stop_reason
-                            or f"attempt {record.index} compiled first and no running attempt can beat it"
-                        )
-                        other.scope.cancel()
-                    self.running.clear()
-                    break
-        if failure is not None:
-            raise _PlanningFailed(failure)
+                await send.send((record, outcome))
+
+    def _finish(self, record: AttemptRecord, outcome: AttemptOutcome) -> None:
+        """Turn one outcome into observations and an event for the search."""
+        record.outcome = outcome
+        kind, oom = outcome.outcome, outcome.oom
+        observations: tuple[Any, ...] = ()
+        views = record.views
+        if kind == "ok" or (kind == "oom" and oom is not None):
+            observations = observe(
+                record.index,
+                views,
+                kind="ok" if kind == "ok" else "oom",
+                amp=record.key.amp,
+                oom=oom,
+                tile_bytes=self.target.bytes_per_tile,
+            )
+        fatal: SharderdError | None = None
+        if record.probe is not None:  # evidence about memory, never a result
+            if kind == "oom" and record.key.amp <= self.state.settings.lowest_amp:
+                fatal = probe_proof(record, outcome, self.devices, self.target)
+        elif kind == "invalid" and outcome.cause == "verification":
+            fatal = VerificationError(outcome.message)
+        elif kind == "invalid" and self.state.best() is None:
+            first = outcome.message.splitlines()[0] if outcome.message else "no message"
+            fatal = CompileFailedError(
+                f"the {self.backend} backend rejected the sharded model: {first}",
+                hint="see report.json attempts[].message for the full compiler text",
+            )
+        times = (outcome.details or {}).get("node_times_s") if kind == "ok" else None
+        event = Finished(
+            record.index,
+            kind,
+            observations,
+            record.measured_period_s(self.config.plan.batch_size),
+            record.throughput,
+            tuple(sorted(times.items())) if times else None,
+            fatal,
+        )
+        self.state = learn(self.state, event)
+        record.correction = correction(views, observations, self.state.content())
+        first_line = (outcome.message or "").splitlines()[0][:300] if outcome.message else ""
+        self.emit(
+            "attempt.finished",
+            {
+                "attempt": record.index,
+                "result": kind,
+                "duration_s": round(outcome.duration_s, 3),
+                "device": oom.device if oom else None,
+                "bytes_used": oom.bytes_used if oom else None,
+                "message": first_line,
+            },
+        )
 
 
-class _PlanningFailed(Exception):
-    """Carries a planning error out of the task group, so it surfaces as itself."""
-
-    def __init__(self, error: SharderdError) -> None:
-        super().__init__(error.message)
-        self.error = error
+def _why_stopped(verdict: Verdict) -> str:
+    if verdict.kept is not None:
+        return f"attempt {verdict.kept} compiled and no running attempt can beat it"
+    if verdict.error is not None:
+        return f"the search ended: {verdict.error.message.splitlines()[0]}"
+    return "the search ended without a fitting split"

@@ -21,13 +21,14 @@ from sharderd.fsutil import atomic_write
 from sharderd.job.prove import Emit, Prover, ProveResult
 from sharderd.job.session import (
     LocalSession,
+    Planned,
     PlanRequest,
     PlanService,
     PlanSession,
     WorkerSession,
 )
 from sharderd.report.attempts import attempt_dict
-from sharderd.report.build import report_dict
+from sharderd.report.build import plan_section, report_dict
 from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
 
@@ -137,7 +138,7 @@ async def shard_job(
         if backend == "none":
             request = PlanRequest(spec.devices, config.plan.safety_margin, stem=spec.stem)
             planned = await session.plan(request)
-            if planned["plan"]["method"] == "overfull":
+            if planned.plan.method == "overfull":
                 raise NotProvenError(
                     f"no fitting split found on {spec.devices} × {target.name} (not proven): the "
                     "least overfull split the order search found overflows the estimate, no estimate "
@@ -150,13 +151,13 @@ async def shard_job(
             )
             emit(
                 "plan.finished",
-                {"digest": final["plan"]["digest"], "bottleneck_s": final["plan"]["bottleneck_s"]},
+                {"digest": final.plan.digest, "bottleneck_s": final.plan.bottleneck_s},
             )
             status, extra = "not_compiled", {}
         else:
             workdir.mkdir(parents=True, exist_ok=True)
             prover = Prover(
-                session,
+                session=session,
                 backend=backend,
                 config=config,
                 target=target,
@@ -193,12 +194,11 @@ async def shard_job(
     finally:
         await session.aclose()
 
+    assert final.files is not None
     outputs = {
-        "model": Path(final["files"]["model"]).name,
-        "sharding_config": Path(final["files"]["sharding_yaml"]).name,
-        "external_data": [
-            str(Path(p).relative_to(spec.out_dir)) for p in final["files"]["external"]
-        ],
+        "model": final.files.model.name,
+        "sharding_config": final.files.sharding_yaml.name,
+        "external_data": [str(p.relative_to(spec.out_dir)) for p in final.files.external],
         "report_json": "report.json",
         "report_md": "report.md",
         "report_html": "report.html",
@@ -208,7 +208,7 @@ async def shard_job(
         model=summary["model"],
         warnings=summary["warnings"],
         target=target,
-        plan=final["plan"],
+        plan=plan_section(final.plan, config.plan.batch_size, final.files.routed),
         batch_size=config.plan.batch_size,
         status=status,
         backend=backend,
@@ -221,25 +221,21 @@ async def shard_job(
     return JobResult(report, spec.out_dir, status)
 
 
-async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult) -> dict[str, Any]:
+async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult) -> Planned:
     """Write the compiled plan's files for keeps (external data copied, not linked)."""
     chosen = proven.chosen
     assert chosen.request is not None, "a probe is never the chosen attempt"
     final = await session.plan(
         replace(chosen.request, write_dir=str(spec.out_dir), stem=spec.stem, link_external=False)
     )
-    if final["plan"]["digest"] != chosen.key.digest:  # the planner is deterministic; this is a bug
+    if final.plan.digest != chosen.key.digest:  # the planner is deterministic; this is a bug
         raise SharderdError("internal error: re-planning the compiled split gave a different split")
     outcome = chosen.outcome
     artifact = Path(outcome.artifact) if outcome is not None and outcome.artifact else None
     if artifact is not None and artifact.is_file():
-        target = spec.out_dir / artifact.name
-        shutil.copyfile(artifact, target)
-        final["files"]["artifact"] = str(target)
+        shutil.copyfile(artifact, spec.out_dir / artifact.name)
     elif artifact is not None and artifact.is_dir():  # onnxruntime's per-stage models
-        target = spec.out_dir / artifact.name
-        shutil.copytree(artifact, target, dirs_exist_ok=True)
-        final["files"]["artifact"] = str(target)
+        shutil.copytree(artifact, spec.out_dir / artifact.name, dirs_exist_ok=True)
     return final
 
 

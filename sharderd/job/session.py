@@ -3,7 +3,8 @@
 ``PlanService`` is the synchronous core. ``LocalSession`` runs it in the caller's process (the
 one-shot CLI); ``WorkerSession`` runs it in a child process speaking JSON lines on stdin/stdout
 (``python -m sharderd.job.planworker``), so the daemon's event loop never blocks on a huge
-model and a crash in the engine costs one job, not the daemon. Both return the same plain dicts.
+model and a crash in the engine costs one job, not the daemon. Both return the same frozen values
+(``job.codec``: ``Planned``, ``Probed``); only the worker's pipe encodes them.
 """
 
 from __future__ import annotations
@@ -23,10 +24,17 @@ from anyio.abc import Process
 from sharderd.config import PlanConfig
 from sharderd.errors import OutputWriteError, WorkerDiedError
 from sharderd.graph.analyze import Analysis
-from sharderd.job.codec import decode_error
+from sharderd.job.codec import (
+    Planned,
+    Probed,
+    decode_content,
+    decode_error,
+    decode_planned,
+    decode_probed,
+)
 from sharderd.plan.content import ContentCorrection
-from sharderd.plan.observations import stage_contents
-from sharderd.report.build import model_facts, plan_section
+from sharderd.plan.observations import StageView
+from sharderd.report.build import model_facts
 from sharderd.target import Target
 
 __all__ = [
@@ -34,7 +42,9 @@ __all__ = [
     "PlanRequest",
     "PlanService",
     "PlanSession",
+    "Planned",
     "ProbeRequest",
+    "Probed",
     "WorkerSession",
 ]
 
@@ -90,7 +100,7 @@ class PlanService:
             "timings_s": {"load_and_analyze": self._analyze_s},
         }
 
-    def plan(self, request: PlanRequest) -> dict[str, Any]:
+    def plan(self, request: PlanRequest) -> Planned:
         from sharderd.engine import make_plan, write_shard_files
 
         plan = make_plan(
@@ -104,38 +114,28 @@ class PlanService:
             measured_times=request.measured_times,
             content=request.content,
         )
-        result: dict[str, Any] = {
-            "plan": plan_section(plan, self.plan_config.batch_size),
-            "contents": stage_contents(plan.assignment, plan.devices),
-        }
-        if request.write_dir is not None:
-            out = Path(request.write_dir)
-            try:
-                files = write_shard_files(
-                    self.analysis, plan, out, request.stem, link_external=request.link_external
-                )
-            except OSError as exc:
-                raise OutputWriteError(
-                    f"cannot write the sharded model to {out}: {exc.strerror or exc}",
-                    hint="free space or fix permissions on the output folder, then retry the job",
-                ) from None
-            result["plan"] = plan_section(plan, self.plan_config.batch_size, files.routed)
-            result["files"] = {
-                "model": str(files.model),
-                "sharding_yaml": str(files.sharding_yaml),
-                "external": [str(p) for p in files.external],
-            }
-        return result
+        if request.write_dir is None:
+            return Planned(plan)
+        out = Path(request.write_dir)
+        try:
+            files = write_shard_files(
+                self.analysis, plan, out, request.stem, link_external=request.link_external
+            )
+        except OSError as exc:
+            raise OutputWriteError(
+                f"cannot write the sharded model to {out}: {exc.strerror or exc}",
+                hint="free space or fix permissions on the output folder, then retry the job",
+            ) from None
+        return Planned(plan, files)
 
-    def probe(self, request: ProbeRequest) -> dict[str, Any]:
-        """``{"probe": None}`` when no node is worth compiling alone, else the probe's one-stage
-        plan, its node as ``contents`` and the written model under ``files``."""
+    def probe(self, request: ProbeRequest) -> Probed | None:
+        """The node worth compiling alone, with its model written, or None (``plan.probe``)."""
         from sharderd.plan.probe import probe_target
         from sharderd.shard.node_model import write_node_model
 
         found = probe_target(self.analysis, self.target)
         if found is None:
-            return {"probe": None}
+            return None
         path = Path(request.write_path)
         try:
             write_node_model(self.analysis, found.node, path)
@@ -144,18 +144,14 @@ class PlanService:
                 f"cannot write the probe model to {path}: {exc.strerror or exc}",
                 hint="free space or fix permissions on the output folder, then retry the job",
             ) from None
-        return {
-            "probe": {"node": found.node, "name": found.name, "need": found.predicted},
-            "plan": found.plan_dict(self.target.memory_bytes),
-            "contents": found.contents(),
-            "files": {"model": str(path)},
-        }
+        view = StageView(0, found.predicted, ((found.node, found.node + 1),), found.code_share)
+        return Probed(found.name, found.predicted, view, path)
 
 
 class PlanSession(Protocol):
     async def summary(self) -> dict[str, Any]: ...
-    async def plan(self, request: PlanRequest) -> dict[str, Any]: ...
-    async def probe(self, request: ProbeRequest) -> dict[str, Any]: ...
+    async def plan(self, request: PlanRequest) -> Planned: ...
+    async def probe(self, request: ProbeRequest) -> Probed | None: ...
     async def aclose(self) -> None: ...
 
 
@@ -168,11 +164,11 @@ class LocalSession:
     async def summary(self) -> dict[str, Any]:
         return self.service.summary()
 
-    async def plan(self, request: PlanRequest) -> dict[str, Any]:
+    async def plan(self, request: PlanRequest) -> Planned:
         await anyio.lowlevel.checkpoint()
         return self.service.plan(request)
 
-    async def probe(self, request: ProbeRequest) -> dict[str, Any]:
+    async def probe(self, request: ProbeRequest) -> Probed | None:
         await anyio.lowlevel.checkpoint()
         return self.service.probe(request)
 
@@ -217,7 +213,7 @@ class WorkerSession:
         await session._call(init)
         return session
 
-    async def _call(self, message: Mapping[str, Any]) -> dict[str, Any]:
+    async def _call(self, message: Mapping[str, Any]) -> Any:
         async with self._lock:
             assert self._process.stdin is not None and self._process.stdout is not None
             await self._process.stdin.send((json.dumps(message) + "\n").encode())
@@ -249,11 +245,11 @@ class WorkerSession:
     async def summary(self) -> dict[str, Any]:
         return await self._call({"op": "summary"})
 
-    async def plan(self, request: PlanRequest) -> dict[str, Any]:
-        return await self._call({"op": "plan", **asdict(request)})
+    async def plan(self, request: PlanRequest) -> Planned:
+        return decode_planned(await self._call({"op": "plan", **asdict(request)}))
 
-    async def probe(self, request: ProbeRequest) -> dict[str, Any]:
-        return await self._call({"op": "probe", **asdict(request)})
+    async def probe(self, request: ProbeRequest) -> Probed | None:
+        return decode_probed(await self._call({"op": "probe", **asdict(request)}))
 
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -270,7 +266,7 @@ def plan_request_from(data: Mapping[str, Any]) -> PlanRequest:
     for key in ("memory_scale", "orders"):
         if fields.get(key) is not None:
             fields[key] = tuple(fields[key])
-    fields["content"] = ContentCorrection.from_json(fields.get("content"))
+    fields["content"] = decode_content(fields.get("content"))
     return PlanRequest(**fields)
 
 

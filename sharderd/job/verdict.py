@@ -12,17 +12,14 @@ from sharderd.errors import (
     NoSplitError,
     NotProvenError,
     PlanInfeasibleError,
-    SharderdError,
 )
 from sharderd.job.attempts import AttemptRecord, ProveResult
 from sharderd.job.session import PlanRequest, PlanSession
+from sharderd.plan.search import Verdict
 from sharderd.target import Target
 from sharderd.units import fmt_bytes
 
 __all__ = ["ending", "fewest_devices", "probe_proof"]
-
-FEWEST_EXTRA = 8
-"""How many devices beyond the request the hint of a "not proven" looks for a split on."""
 
 
 def probe_proof(
@@ -48,27 +45,23 @@ def probe_proof(
 
 async def ending(
     attempts: Sequence[AttemptRecord],
-    kept: AttemptRecord | None,
+    verdict: Verdict,
     *,
-    fatal: SharderdError | None,
-    proof: PlanInfeasibleError | None,
-    settled: NoSplitError | None,
-    note: str,
     devices: int,
     target: Target,
     max_attempts: int,
     fewest: Callable[[], Awaitable[int | None]],
 ) -> ProveResult:
-    """The search's result: the ``kept`` plan, else the error its attempts and state come to.
+    """The search's result: the kept plan, else the error its verdict and attempts come to.
 
-    ``proof`` is exit 3; ``settled`` (the model as measured has no split) or any out-of-memory
-    outcome without a fit is exit 5, asking ``fewest`` for the device count to suggest."""
-    if kept is not None:
-        return ProveResult(kept, tuple(attempts))
-    if fatal is not None:
-        raise fatal
-    if proof is not None:
-        raise proof
+    A proof or a fatal error is raised as it is (exit 3 only on ``errors.GROUNDS``); a settled
+    estimate or any out-of-memory outcome without a fit is exit 5, asking ``fewest`` for the
+    device count to suggest."""
+    if verdict.kept is not None:
+        return ProveResult(attempts[verdict.kept], tuple(attempts))
+    if verdict.error is not None:
+        raise verdict.error
+    settled, note = verdict.settled, verdict.note
     ooms = [a for a in attempts if a.outcome is not None and a.outcome.outcome == "oom"]
     if settled is not None or ooms:
         raise await _not_proven(
@@ -127,7 +120,7 @@ async def _not_proven(
     hint = (
         f"rerun with --devices {min_devices}"
         if min_devices is not None
-        else f"no split fits the fitted model on up to {devices + FEWEST_EXTRA} devices either: "
+        else "no split fits the fitted model on any number of devices the model has nodes for: "
         "reduce the batch or the model, or use a target with more memory"
     )
     return NotProvenError(
@@ -142,14 +135,31 @@ async def _not_proven(
 async def fewest_devices(
     session: PlanSession, request: Callable[[int], PlanRequest], devices: int
 ) -> int | None:
-    """The fewest devices above ``devices`` (up to ``FEWEST_EXTRA`` more) on which the model as
-    measured (``request(n)``) has a split."""
-    for more in range(devices + 1, devices + FEWEST_EXTRA + 1):
+    """The fewest devices above ``devices`` on which the model as measured (``request(n)``) has a
+    split: the extra devices double until one has, then the gap halves back (more devices never
+    lose a split); None when even as many devices as the model allows have none."""
+
+    async def has_split(n: int) -> bool | None:  # None: more devices than the model has nodes
         try:
-            await session.plan(request(more))
+            await session.plan(request(n))
         except NoSplitError:
-            continue
-        except ConfigError:  # more devices than the model has nodes
-            break
-        return more
-    return None
+            return False
+        except ConfigError:
+            return None
+        return True
+
+    low, step = devices, 1
+    while (found := await has_split(devices + step)) is False:
+        low, step = devices + step, step * 2
+    high = devices + step
+    if found is None:  # past the most devices the model allows: find that count, then try it
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if await has_split(mid) is not None else (low, mid)
+        if low == devices or not await has_split(low):
+            return None
+        high, low = low, devices
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if await has_split(mid) else (mid, high)
+    return high

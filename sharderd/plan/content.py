@@ -10,9 +10,7 @@ proof unchanged, and a re-plan cannot move the overflowing layers to a device wi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
@@ -44,46 +42,16 @@ class ContentCorrection:
     def identity(self) -> bool:
         return self.base == 1.0 and not self.patches and not self.measured and not self.fixed
 
-    def peak(self) -> float:
-        return max([self.base, *(f for _, f in self.patches)])
-
     def describe(self) -> str:
+        """One line for the report: how many stages and nodes the compiles corrected."""
         if self.identity:
             return "none"
+        factors = [f for _, f in self.patches] or [self.base]
         nodes = sum(runs_size(runs) for runs, _ in self.patches)
-        parts = []
-        if self.patches:
-            low = min(f for _, f in self.patches)
-            span = f"{low:.3g}" if low == self.peak() else f"{low:.3g}–{self.peak():.3g}"
-            parts.append(f"×{span} on the {nodes} node(s) of {len(self.patches)} measured stage(s)")
-        if self.measured:
-            parts.append(f"{len(self.measured)} set(s) of nodes measured directly")
-        for runs, share in self.fixed:
-            count = runs_size(runs)
-            which = "the heaviest" if self.fixed_on_heaviest else "any"
-            parts.append(f"a fixed {share:.3g} of a device with {which} of {count} node(s)")
-        if self.base != 1.0:
-            parts.append(f"×{self.base:.3g} elsewhere")
-        return ", ".join(parts)
-
-    @staticmethod
-    def from_json(data: Mapping[str, Any] | None) -> ContentCorrection | None:
-        """From ``dataclasses.asdict`` sent as JSON (the plan worker's requests)."""
-        if data is None:
-            return None
-
-        def patches(key: str) -> tuple[tuple[Runs, float], ...]:
-            return tuple(
-                (tuple((int(a), int(b)) for a, b in runs), float(f))
-                for runs, f in data.get(key, ())
-            )
-
-        return ContentCorrection(
-            float(data["base"]),
-            patches("patches"),
-            patches("measured"),
-            patches("fixed"),
-            bool(data.get("fixed_on_heaviest", False)),
+        return (
+            f"×{min(factors):.3g}–{max(factors):.3g} on the {nodes} node(s) of "
+            f"{len(self.patches)} overflowed stage(s), {len(self.measured)} set(s) priced between "
+            f"nested overflows, {len(self.fixed)} fixed cost(s)"
         )
 
 

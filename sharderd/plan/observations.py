@@ -1,20 +1,20 @@
 """What the search reads of a plan and of a finished compile: pure values.
 
 A plan is a prediction per stage (``StageView``); a compile is a measurement of one device's worst
-tile (an OOM names one tile) or a success, which says only that the split fits (no backend
-reports the bytes of a compile that fits) (``Observation``). Attempts are keyed by (plan digest, available_memory_proportion), so no split
-is compiled twice with the same options.
+tile (an OOM names one tile) or a success, which says only that the split fits: no backend
+reports the bytes of a compile that fits (``Observation``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from sharderd.plan.oom import OomInfo
+from sharderd.plan.types import Plan
 
 __all__ = [
     "AttemptKey",
@@ -35,6 +35,8 @@ Runs = tuple[tuple[int, int], ...]
 
 @dataclass(frozen=True, slots=True)
 class AttemptKey:
+    """What makes two compiles the same: the split and the AMP (no split is compiled twice)."""
+
     digest: str
     amp: float
 
@@ -46,13 +48,8 @@ class StageView:
     device: int
     predicted: float
     """Raw predicted memory / device capacity (before margin and correction)."""
-    activation_share: float
-    """Activations / predicted memory: where conv/matmul temporaries live in the model."""
-    order: str
-    start: int
-    stop: int
-    runs: Runs = ()
-    """The stage's nodes by file index (empty: only its range in ``order`` is known)."""
+    runs: Runs
+    """The stage's nodes by file index."""
     code_share: float = 0.0
     """Code / predicted memory: a per-node constant no correction of bytes changes."""
     scale: float = 1.0
@@ -68,110 +65,61 @@ class StageView:
         """Everything else in ``predicted``: the bytes a node factor scales."""
         return self.predicted - self.code
 
-    def nodes(self) -> Runs:
-        """The stage's nodes by file index; without ``runs`` its range stands for them only in
-        the file order (elsewhere positions are not file indices: no contents known)."""
-        if self.runs:
-            return self.runs
-        return ((self.start, self.stop),) if self.order == "file" else ()
 
-    def overlap(self, other: StageView) -> float:
-        """Share of the smaller stage's nodes that the other holds too.
-
-        A stage shrunk around the same ops (the usual re-plan after an OOM) overlaps fully, on
-        whichever device it lands; the same device index holding other layers does not. Without
-        node contents on both sides, node ranges compare within one order only (0 across orders).
-        """
-        if self.runs and other.runs:
-            inter = _intersection(self.runs, other.runs)
-            smaller = min(_size(self.runs), _size(other.runs))
-            return inter / smaller if smaller > 0 else 0.0
-        if self.order != other.order:
-            return 0.0
-        inter = max(0, min(self.stop, other.stop) - max(self.start, other.start))
-        smaller = min(self.stop - self.start, other.stop - other.start)
-        return inter / smaller if smaller > 0 else 0.0
-
-
-def _size(runs: Runs) -> int:
+def runs_size(runs: Runs) -> int:
     return sum(stop - start for start, stop in runs)
 
 
-def _intersection(a: Runs, b: Runs) -> int:
-    """Nodes in both run lists: one merge pass over two sorted lists."""
-    i = j = total = 0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        total += max(0, hi - lo)
-        if a[i][1] < b[j][1]:
+def runs_within(inner: Runs, outer: Runs) -> bool:
+    """Every node of ``inner`` is in ``outer`` (one merge pass over two sorted lists)."""
+    i = j = both = 0
+    while i < len(inner) and j < len(outer):
+        lo, hi = max(inner[i][0], outer[j][0]), min(inner[i][1], outer[j][1])
+        both += max(0, hi - lo)
+        if inner[i][1] < outer[j][1]:
             i += 1
         else:
             j += 1
-    return total
-
-
-def runs_size(runs: Runs) -> int:
-    return _size(runs)
-
-
-def runs_within(inner: Runs, outer: Runs) -> bool:
-    """Every node of ``inner`` is in ``outer``."""
-    return _intersection(inner, outer) == _size(inner)
+    return both == runs_size(inner)
 
 
 def runs_minus(a: Runs, b: Runs) -> Runs:
-    """The nodes of ``a`` not in ``b``, as runs (one merge pass)."""
+    """The nodes of ``a`` not in ``b``, as runs."""
     out: list[tuple[int, int]] = []
-    j = 0
     for start, stop in a:
         cur = start
-        while j < len(b) and b[j][1] <= cur:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < stop:
-            if b[k][0] > cur:
-                out.append((cur, b[k][0]))
-            cur = max(cur, b[k][1])
-            k += 1
+        for lo, hi in b:
+            if hi <= cur or lo >= stop:
+                continue
+            if lo > cur:
+                out.append((cur, lo))
+            cur = max(cur, hi)
         if cur < stop:
             out.append((cur, stop))
     return tuple(out)
 
 
-def stage_contents(assignment: np.ndarray, devices: int) -> list[list[list[int]]]:
-    """Each stage's nodes as ``[start, stop)`` runs of file indices, JSON-ready (O(N))."""
-    out: list[list[list[int]]] = [[] for _ in range(devices)]
-    if len(assignment) == 0:
-        return out
-    change = np.flatnonzero(np.diff(assignment)) + 1
-    starts = np.concatenate(([0], change))
-    stops = np.concatenate((change, [len(assignment)]))
-    for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
-        out[int(assignment[start])].append([start, stop])
-    return out
+def stage_contents(assignment: np.ndarray, devices: int) -> tuple[Runs, ...]:
+    """Each stage's nodes as ``[start, stop)`` runs of file indices (O(N))."""
+    out: list[list[tuple[int, int]]] = [[] for _ in range(devices)]
+    if len(assignment):
+        change = np.flatnonzero(np.diff(assignment)) + 1
+        starts = np.concatenate(([0], change)).tolist()
+        stops = np.concatenate((change, [len(assignment)])).tolist()
+        for start, stop in zip(starts, stops, strict=True):
+            out[int(assignment[start])].append((start, stop))
+    return tuple(tuple(runs) for runs in out)
 
 
-def stage_views(
-    plan: Mapping[str, Any], capacity: int, contents: Sequence[Sequence[Sequence[int]]] = ()
-) -> tuple[StageView, ...]:
-    """``StageView`` of every stage of a ``plan_section`` dict (``contents``: ``stage_contents``)."""
+def stage_views(plan: Plan, capacity: int) -> tuple[StageView, ...]:
+    """``StageView`` of every stage of a plan: its predicted share of a device, its nodes."""
+    contents = stage_contents(plan.assignment, plan.devices)
     views = []
-    scales = plan.get("memory_scale") or ()
-    for k, stage in enumerate(plan["stages"]):
-        memory = max(int(stage["memory_bytes"]), 1)
-        views.append(
-            StageView(
-                device=int(stage["index"]),
-                predicted=memory / capacity,
-                activation_share=min(1.0, int(stage["activation_bytes"]) / memory),
-                code_share=min(1.0, int(stage.get("code_bytes", 0)) / memory),
-                scale=float(scales[k]) if k < len(scales) else 1.0,
-                order=str(plan.get("order", "")),
-                start=int(stage["start"]),
-                stop=int(stage["stop"]),
-                runs=tuple((int(a), int(b)) for a, b in contents[k]) if k < len(contents) else (),
-            )
-        )
+    for k, stage in enumerate(plan.stages):
+        memory = max(stage.memory_bytes, 1)
+        scale = plan.memory_scale[k] if k < len(plan.memory_scale) else 1.0
+        code = min(1.0, stage.code_bytes / memory)
+        views.append(StageView(stage.index, memory / capacity, contents[k], code, scale))
     return tuple(views)
 
 
@@ -201,8 +149,7 @@ def observe(
     oom: OomInfo | None = None,
     tile_bytes: int = 0,
 ) -> tuple[Observation, ...]:
-    """The observations one compile gives: one per device on success (no bytes: no backend
-    reports them for a compile that fits), the named one on OOM."""
+    """One observation per device on success (no bytes), the named device's on OOM."""
     if kind == "ok":
         return tuple(Observation(attempt, stage, True, None, amp) for stage in stages)
     assert oom is not None

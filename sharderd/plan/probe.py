@@ -16,16 +16,16 @@ import numpy as np
 
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.bounds import memory_floor
-from sharderd.plan.infeasible import activation_bytes
-from sharderd.plan.memory_model import SYSTEMIC_CAP
 from sharderd.plan.op_costs import node_code_bytes
 from sharderd.target import Target
 
 __all__ = ["PROBE_MIN_NEED", "ProbeTarget", "probe_target"]
 
-PROBE_MIN_NEED = 1.0 / SYSTEMIC_CAP
-"""Probe a node only when the model says it needs at least this share of a device alone: below
-it, not even a systemic factor at its cap would make it overflow alone."""
+PROBE_MIN_NEED = 0.5
+"""Probe a node only when the model says it needs at least this share of a device alone. The probe
+takes a compile slot; a node below half a device overflows alone only if the compiler more than
+doubles its bytes, an error no per-op term of the model allows, and such a node still leaves room
+for a neighbour on every device, so a plan's own compile is the better test of it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,34 +35,7 @@ class ProbeTarget:
     name: str
     predicted: float
     """Its weights, inputs, outputs not computed in place and code / device capacity, uncorrected."""
-    activation_share: float
     code_share: float
-
-    def plan_dict(self, capacity: int) -> dict[str, object]:
-        """The probe as a one-stage ``plan_section``, so its outcome is read like any plan's."""
-        memory = max(round(self.predicted * capacity), 1)
-        return {
-            "digest": f"probe:{self.name}",
-            "devices": 1,
-            "order": "file",
-            "bottleneck_s": 0.0,
-            "ratio_to_bound": None,
-            "memory_scale": [1.0],
-            "stages": [
-                {
-                    "index": 0,
-                    "start": self.node,
-                    "stop": self.node + 1,
-                    "memory_bytes": memory,
-                    "activation_bytes": round(memory * self.activation_share),
-                    "code_bytes": round(memory * self.code_share),
-                    "time_s": 0.0,
-                }
-            ],
-        }
-
-    def contents(self) -> list[list[list[int]]]:
-        return [[[self.node, self.node + 1]]]
 
 
 def probe_target(analysis: Analysis, target: Target) -> ProbeTarget | None:
@@ -83,6 +56,5 @@ def probe_target(analysis: Analysis, target: Target) -> ProbeTarget | None:
         node=node,
         name=analysis.flow.node_names[node],
         predicted=raw / capacity,
-        activation_share=min(1.0, activation_bytes(analysis, node) / max(raw, 1.0)),
         code_share=min(1.0, float(node_code_bytes(analysis, target)[node]) / max(raw, 1.0)),
     )

@@ -1,269 +1,399 @@
-"""What to compile next, learned from what the compiler said: pure values, no I/O.
+"""The proving search as values: one frozen ``SearchState`` and three pure functions.
 
-A plan is a prediction; a compile is a measurement of one device's worst tile (an OOM names one
-tile) or a success. The search keeps every measurement as an ``Observation`` and derives the
-memory model from all of them each time (``memory_model.content_model``; never by multiplying
-the last correction), so a factor can come down as well as up:
-
-- what a compile measured attaches to the nodes its device held, not to the device index: an
-  overflowed stage's nodes carry the factor that reproduces its measurement wherever a re-plan
-  puts them (code, a per-node constant, excepted), so the overflowing layers cannot simply move
-  to a device without evidence and be compiled again;
-- overflows of different contents with the same factor (within ``SYSTEMIC_AGREEMENT``) make one
-  systemic factor for the nodes no compile measured, bounded by the smaller and by
-  ``SYSTEMIC_CAP``, given once;
-- the search gives up (exit 5, "not proven") when the model *as measured*
-  (``SearchState.estimate_content``: every OOM it comes from reproduced, no margin, no headroom,
-  the noise in the model's favour) has no split either, and no AMP level can close the gap of
-  the overflowing devices (``amp_for_plan``); a split it still allows is compiled first. That
-  model is fitted, not proven: a "does not fit" (exit 3) never rests on it.
-
-Attempts are keyed by (plan digest, available_memory_proportion): no split is compiled twice
-with the same options.
+``next_attempts(state)`` says what to compile next (or that the search is over: a ``Verdict``),
+``learn(state, event)`` folds in what happened (a compile started or finished, the planner had no
+new split), ``verdict(state)`` says how it ends. ``job/prove.py`` is the loop around them;
+docs/search.md has the rules in prose. Exit 3 only on ``errors.GROUNDS``: the planner's weights
+proof (``PlanInfeasibleError``) or the probe overflowing alone at the lowest AMP.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import Literal
 
+from sharderd.errors import NoSplitError, PlanInfeasibleError, SharderdError
+from sharderd.plan.choose import Compiled, best_compiled
 from sharderd.plan.content import ContentCorrection
-from sharderd.plan.memory_model import (
-    FIT_MIN_MEASURED_SPREAD,
-    FIT_MIN_OVERLAP,
-    HEADROOM,
-    SYSTEMIC_AGREEMENT,
-    SYSTEMIC_CAP,
-    UNKNOWN_OVER,
-    content_model,
-    hypothesis,
-    stage_factor,
-    systemic_ratio,
-)
-from sharderd.plan.observations import (
-    AttemptKey,
-    Observation,
-    StageView,
-    observe,
-    runs_size,
-    stage_views,
-)
+from sharderd.plan.memory_model import HEADROOM, UNKNOWN_OVER, amp_closing, content_model
+from sharderd.plan.observations import AttemptKey, Observation
 
 __all__ = [
-    "FIT_MIN_MEASURED_SPREAD",
-    "HEADROOM",
-    "SYSTEMIC_AGREEMENT",
-    "SYSTEMIC_CAP",
-    "AttemptKey",
-    "ContentCorrection",
-    "Correction",
-    "Observation",
+    "PERF_BAND",
+    "Attempt",
+    "Finished",
     "SearchState",
-    "StageView",
-    "amp_closing",
-    "amp_for_plan",
-    "amp_retry",
-    "amp_saving",
+    "Settings",
+    "Started",
+    "Unplanned",
+    "Verdict",
     "learn",
-    "observe",
-    "stage_need",
-    "stage_views",
+    "next_attempts",
+    "verdict",
+    "worth_compiling",
 ]
 
+PERF_BAND = 0.9
+"""``--optimal-perf`` compiles a variant only if its predicted time, calibrated by the best ratio of
+measured to predicted so far, is 10% under the best measured period: the cost model's error between
+two splits of one model is of that order, so a smaller predicted gain is a coin toss."""
 
-def amp_retry(overfull: Observation, amp: float, fallbacks: Sequence[float]) -> float | None:
-    """The highest fallback AMP that can close the worst tile's gap (``amp_closing``), if any.
-    A numberless OOM is taken as ``UNKNOWN_OVER`` over."""
-    if overfull.stage is None:
-        return min(fallbacks) if fallbacks else None
-    measured = overfull.measured if overfull.measured is not None else UNKNOWN_OVER
-    return amp_closing(measured, amp, fallbacks)
-
-
-def amp_saving(amp: float, lower: float) -> float:
-    """The most a cap of ``lower`` instead of ``amp`` can take off a worst tile (× its capacity).
-
-    PopART's ``available_memory_proportion`` is the conv/matmul planner's per-tile limit on
-    temporary memory, as a share of the tile ("a per-tile memory limit", which the planner may
-    exceed when no plan fits). The temporaries on the worst tile were planned under ``amp``; a lower
-    cap can remove only what was above it, so at most ``amp - lower`` of the tile. (Sharderd's
-    activation estimate is no bound on the compiler's temporaries, so it does not narrow this.)
-    """
-    return max(0.0, amp - lower)
-
-
-def amp_closing(measured: float, amp: float, fallbacks: Sequence[float]) -> float | None:
-    """The highest fallback below ``amp`` whose ``amp_saving`` can bring ``measured`` to fit."""
-    for candidate in sorted((a for a in fallbacks if a < amp), reverse=True):
-        if measured - amp_saving(amp, candidate) <= 1.0:
-            return candidate
-    return None
-
-
-def stage_need(
-    stage: StageView, attempt: int, observations: Sequence[Observation], amp: float
-) -> float:
-    """What the compiles say one stage of a compiled plan needs (× capacity) at ``amp``.
-
-    Its own measurement if the compile named its device (``UNKNOWN_OVER`` for an OOM without
-    bytes); else the largest overflow of a stage holding mostly the same nodes, carried over by
-    its factor with the noise in the model's favour (so a retry is only skipped when even that
-    reading leaves a gap); else the prediction.
-    """
-    need = stage.predicted
-    for o in observations:
-        if o.amp != amp or o.stage is None or o.fits:
-            continue
-        if o.attempt == attempt and o.stage.device == stage.device:
-            return o.measured if o.measured is not None else UNKNOWN_OVER
-        if o.measured is not None and o.stage.overlap(stage) >= FIT_MIN_OVERLAP:
-            factor = stage_factor(o, o.measured * (1.0 - FIT_MIN_MEASURED_SPREAD))
-            need = max(need, stage.code + factor * stage.rest)
-    return need
-
-
-def amp_for_plan(
-    stages: Sequence[StageView],
-    attempt: int,
-    observations: Sequence[Observation],
-    amp: float,
-    fallbacks: Sequence[float],
-) -> tuple[float | None, StageView | None, float]:
-    """The highest fallback below ``amp`` at which every stage of a compiled plan that the
-    compiles say overflows can fit (``amp_closing``), and the stage that decides it with its need.
-
-    The compiler names one device per OOM; a retry that closes that device's gap while another
-    device is known (from an overlapping stage's overflow) to need more is a compile the model
-    already calls hopeless, so the level is chosen for the worst of them.
-    """
-    needs = [(s, stage_need(s, attempt, observations, amp)) for s in stages]
-    over = [(s, n) for s, n in needs if n > 1.0]
-    if not over:
-        return None, None, 0.0
-    # A lower level only shrinks more, so the plan's level is the lowest any stage needs.
-    levels = [amp_closing(n, amp, fallbacks) for _, n in over]
-    if None not in levels:
-        return min(level for level in levels if level is not None), None, 0.0
-    # None closes every gap: the largest need, which stays open longest, decides.
-    stage, need = max(over, key=lambda sn: sn[1])
-    return None, stage, need
+Kind = Literal["plan", "speculative", "roomy", "verdict", "probe", "amp", "perf", "calibrate"]
 
 
 @dataclass(frozen=True, slots=True)
-class Correction:
-    """What one outcome taught, as the report shows it."""
-
-    device: int | None
-    measured_fraction: float | None
-    """Worst-tile bytes / tile capacity reported by the compiler (> 1 on OOM)."""
-    predicted_fraction: float | None
-    """The plan's predicted memory / device capacity for that device."""
-    before: tuple[float, ...]
-    """The factor each stage of the plan was planned with (corrected / predicted bytes)."""
-    after: tuple[float, ...]
-    """The same with the overflowed stage's nodes at the factor this outcome taught."""
-    reason: str = field(default="")
-
-
-@dataclass(frozen=True, slots=True)
-class SearchState:
-    """Everything the search has learned, as one value; ``learn`` returns the next one."""
+class Settings:
+    """What the job fixed before the search started."""
 
     devices: int
     margin: float
     default_amp: float
+    fallbacks: tuple[float, ...] = ()
+    """AMP levels a retry may use (PopRT only; empty for other backends)."""
+    speculative_margins: tuple[float, ...] = ()
+    max_attempts: int = 8
+    optimal_perf: bool = False
+    calibrate: bool = False
+    """Re-plan once on the first compile's profiled node times (``cost_model = "measured"``)."""
+    probe: bool = False
+    """The backend can compile one node alone on one device (PopRT)."""
+
+    @property
+    def lowest_amp(self) -> float:
+        return min((self.default_amp, *self.fallbacks))
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What to compile next: how the loop should plan it, and at which AMP."""
+
+    kind: Kind
+    label: str
+    margin: float
+    scale: tuple[float, ...]
+    content: ContentCorrection
+    amp: float
+    orders: tuple[str, ...] | None = None
+    of: int | None = None
+    """An AMP retry compiles this attempt's split again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A compile that was started, and its result once finished."""
+
+    index: int
+    attempt: Attempt
+    key: AttemptKey
+    predicted_s: float
+    outcome: str | None = None
+    """None while running; else the backend's outcome (ok, oom, invalid, crashed, timeout)."""
+    period_s: float | None = None
+    throughput: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """Event: a compile finished with these observations (``observations.observe``)."""
+
+    index: int
+    outcome: str
     observations: tuple[Observation, ...] = ()
-    tried: frozenset[AttemptKey] = frozenset()
+    period_s: float | None = None
+    throughput: float | None = None
+    node_times: tuple[tuple[str, float], ...] | None = None
+    fatal: SharderdError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Unplanned:
+    """Event: the planner had no new split for ``attempt`` (``error`` None: only tried ones)."""
+
+    attempt: Attempt
+    error: NoSplitError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """How the search ends: the kept attempt, or why there is none."""
+
+    kept: int | None
+    error: SharderdError | None = None
+    """A fatal error or a proof (``PlanInfeasibleError``): raised as it is."""
+    settled: NoSplitError | None = None
+    """The model as measured has no split: an estimate, never a proof."""
+    note: str = ""
+    """Why no lower AMP was tried, for the "not proven" message."""
+
+
+@dataclass(frozen=True, slots=True)
+class SearchState:
+    """Everything the search knows; ``learn`` returns the next one."""
+
+    settings: Settings
+    margin: float
+    observations: tuple[Observation, ...] = ()
+    attempts: tuple[Started, ...] = ()
+    asked: frozenset[Attempt] = frozenset()
+    """Attempts already planned or refused by the planner: none is asked twice."""
     escalation: tuple[float, ...] = ()
-    """Extra factor per device after a re-plan reproduced a tried split (1.0 each by default)."""
+    """Per-device factor grown by ``HEADROOM`` each time a re-plan reproduced a tried split."""
+    escalations: int = 0
+    """How many times: at most the compile budget, then the search stops re-planning."""
+    no_split: tuple[int, NoSplitError] | None = None
+    """The corrected model had no split at this many overflows: check the model as measured."""
+    settled: NoSplitError | None = None
+    error: SharderdError | None = None
+    measured_times: tuple[tuple[str, float], ...] | None = None
 
-    def content(self, amp: float | None = None) -> ContentCorrection:
-        """The per-node correction to plan with (measurements aimed ``HEADROOM`` above)."""
-        return content_model(self.observations, amp=self.default_amp if amp is None else amp)
+    def overflows(self) -> tuple[Observation, ...]:
+        return tuple(o for o in self.observations if not o.fits)
 
-    def estimate_content(self) -> ContentCorrection:
-        """The correction as measured, for the verdict: no headroom, noise in the model's favour."""
-        return content_model(self.observations, amp=self.default_amp, estimate=True)
-
-    def hypothesis(self) -> ContentCorrection | None:
-        return hypothesis(self.observations, amp=self.default_amp)
-
-    def blind(self) -> int:
-        """Out-of-memory reports at the default AMP that named no device."""
-        return sum(1 for o in self.observations if o.stage is None and o.amp == self.default_amp)
+    def content(self, *, estimate: bool = False) -> ContentCorrection:
+        """The per-node correction to plan with at the default AMP (``estimate``: as measured)."""
+        return content_model(self.observations, amp=self.settings.default_amp, estimate=estimate)
 
     def scales(self) -> tuple[float, ...]:
-        """Per-device factors on top of the content correction: ``UNKNOWN_OVER`` for every OOM
-        that named no device, and any escalation (the margin is the planner's)."""
-        extra = self.escalation or (1.0,) * self.devices
-        blind = UNKNOWN_OVER ** self.blind()
-        return tuple(blind * e for e in extra)
+        """Per-device factors on top of the content model: ``UNKNOWN_OVER`` for every overflow
+        at the default AMP that named no device, times any escalation."""
+        amp = self.settings.default_amp
+        blind = sum(1 for o in self.overflows() if o.stage is None and o.amp == amp)
+        extra = self.escalation or (1.0,) * self.settings.devices
+        return tuple(UNKNOWN_OVER**blind * e for e in extra)
 
-    def escalate(self, device: int | None, factor: float = 1.1) -> SearchState:
-        extra = list(self.escalation or (1.0,) * self.devices)
-        for e in range(self.devices):
-            if device is None or e == device:
-                extra[e] *= factor
-        return replace(self, escalation=tuple(extra))
+    def running(self) -> tuple[Started, ...]:
+        return tuple(a for a in self.attempts if a.outcome is None)
 
-    def last_oom_device(self) -> int | None:
-        ooms = [o for o in self.observations if not o.fits]
-        return ooms[-1].device if ooms else None
+    def tried(self) -> frozenset[AttemptKey]:
+        """Every started key; a split that overflowed at a lower AMP overflows at the default too."""
+        lower = {
+            AttemptKey(a.key.digest, self.settings.default_amp)
+            for a in self.attempts
+            if a.outcome == "oom" and a.key.amp < self.settings.default_amp
+        }
+        return frozenset({a.key for a in self.attempts} | lower)
 
-    def describe(self, amp: float | None = None) -> str:
-        amp = self.default_amp if amp is None else amp
-        parts = [f"node factors {self.content(amp).describe()}"]
-        systemic = systemic_ratio(self.observations, amp=amp)
-        if systemic is not None:
-            parts.append(f"systemic factor {systemic:.3g} from overflows of different contents")
-        if self.blind():
-            parts.append(
-                f"{self.blind()} numberless OOM(s): ×{UNKNOWN_OVER ** self.blind():.3g} everywhere"
-            )
-        return "; ".join(parts)
-
-
-def learn(
-    state: SearchState,
-    key: AttemptKey,
-    new: Sequence[Observation],
-    stages: Sequence[StageView] = (),
-) -> tuple[SearchState, Correction | None]:
-    """The state after one finished compile, and the correction to report for it.
-
-    An OOM at a lower ``available_memory_proportion`` is an OOM at the default too (the option
-    only lowers memory): that split is not compiled at the default. (Its bytes stay evidence at
-    their own AMP only: the default's model is fitted from the default's measurements.)"""
-    tried = state.tried | {key}
-    if any(not o.fits and o.amp < state.default_amp for o in new):
-        tried |= {AttemptKey(key.digest, state.default_amp)}
-    after_state = replace(state, observations=(*state.observations, *new), tried=tried)
-    ooms = [o for o in new if not o.fits]
-    if not ooms:
-        return after_state, None
-    o = ooms[0]
-    before = tuple(v.scale for v in stages) or (1.0,) * state.devices
-    after = list(before)
-    if o.stage is None:
-        reason = f"OOM without a device: {after_state.describe(o.amp)}"
-        after = [b * UNKNOWN_OVER for b in after]
-    else:
-        shown = (
-            f"{o.measured:.3f}× capacity" if o.measured is not None else "over capacity (no number)"
+    def best(self) -> Started | None:
+        """The compiled plan to keep: measured throughput where it ranks, else predicted time."""
+        oks = {a.index: a for a in self.attempts if a.outcome == "ok" and a.attempt.kind != "probe"}
+        choice = best_compiled(
+            [Compiled(a.index, a.predicted_s, a.throughput) for a in oks.values()],
+            by_measurement=self.settings.optimal_perf or self.measured_times is not None,
         )
-        factor = stage_factor(o, (o.measured or UNKNOWN_OVER) * HEADROOM)
-        if o.stage.device < len(after):
-            after[o.stage.device] = max(after[o.stage.device], factor)
-        reason = (
-            f"device {o.stage.device}: worst tile {shown} vs {o.stage.predicted:.3f} predicted; "
-            f"its {runs_size(o.stage.nodes())} node(s) ×{factor:.3g} wherever they go; "
-            f"{after_state.describe(o.amp)}"
+        return None if choice is None else oks[choice.attempt]
+
+    def plan_attempt(self, kind: Kind = "plan") -> Attempt:
+        labels = {
+            "roomy": "verdict check: the model as measured, unmeasured nodes as the least measured",
+            "verdict": "verdict check: the model as measured, no margin",
+            "calibrate": "re-plan on measured times",
+        }
+        label = labels.get(kind, "plan" if not self.overflows() else "re-plan after OOM")
+        estimate = kind in ("roomy", "verdict")
+        content = self.content(estimate=estimate)
+        if kind == "roomy":  # every factor at least the estimate's: a split it allows
+            exact = content_model(self.observations, amp=self.settings.default_amp, exact=True)
+            least = min((f for _, f in exact.patches), default=1.0)
+            content = replace(exact, base=max(1.0, least), fixed_on_heaviest=True)
+        return Attempt(
+            kind,
+            label,
+            1.0 if estimate else self.margin,
+            self.scales(),
+            content,
+            self.settings.default_amp,
         )
-    return after_state, Correction(
-        o.device,
-        o.measured,
-        None if o.stage is None else o.stage.predicted,
-        before,
-        tuple(after),
-        reason,
+
+
+def learn(state: SearchState, event: Started | Finished | Unplanned) -> SearchState:
+    """The state after one event."""
+    if isinstance(event, Started):
+        return replace(
+            state, attempts=(*state.attempts, event), asked=state.asked | {event.attempt}
+        )
+    if isinstance(event, Unplanned):
+        return _unplanned(replace(state, asked=state.asked | {event.attempt}), event)
+    done = replace(
+        state.attempts[event.index],
+        outcome=event.outcome,
+        period_s=event.period_s,
+        throughput=event.throughput,
     )
+    attempts = tuple(done if a.index == event.index else a for a in state.attempts)
+    s = replace(state, attempts=attempts, observations=(*state.observations, *event.observations))
+    if event.fatal is not None and s.error is None:
+        s = replace(s, error=event.fatal)
+    if event.node_times and s.settings.calibrate and s.measured_times is None:
+        s = replace(s, measured_times=event.node_times)
+    return s
+
+
+def _unplanned(s: SearchState, event: Unplanned) -> SearchState:
+    kind, error = event.attempt.kind, event.error
+    if isinstance(error, PlanInfeasibleError):  # the weights alone: no compile can change it
+        return replace(s, error=error)
+    if kind == "plan" and error is None:  # reproduced a tried split: the last overflow needs more
+        last = s.overflows()[-1].device if s.overflows() else None
+        extra = list(s.escalation or (1.0,) * s.settings.devices)
+        for d in range(len(extra)):
+            if last is None or d == last:
+                extra[d] *= HEADROOM
+        return replace(s, escalation=tuple(extra), escalations=s.escalations + 1)
+    if kind == "plan" and error is not None:
+        if s.margin > 1.0 and not s.observations:
+            return replace(
+                s, margin=1.0
+            )  # an estimate with margin is no proof: let a compile decide
+        if not s.overflows():
+            return replace(s, settled=error)
+        return replace(s, no_split=(len(s.overflows()), error))
+    if kind == "verdict":
+        assert s.no_split is not None
+        return replace(s, settled=error or s.no_split[1])
+    return s
+
+
+def next_attempts(state: SearchState) -> tuple[Attempt, ...] | Verdict:
+    """What to start next, best first (empty: wait for a running compile), or the verdict."""
+    s, cfg = state, state.settings
+    running = s.running()
+    if s.error is not None:
+        return verdict(s)
+    best = s.best()
+    calibrating = s.measured_times is not None and s.plan_attempt("calibrate") not in s.asked
+    if best is not None and not cfg.optimal_perf and not calibrating:
+        if any(
+            r.attempt.kind == "calibrate"
+            or (r.attempt.kind != "probe" and r.predicted_s < best.predicted_s)
+            for r in running
+        ):
+            return ()  # a re-plan on measured times, or a plan predicted faster, may beat it
+        return verdict(s)
+    proposals: tuple[Attempt, ...] = ()
+    if len(s.attempts) < cfg.max_attempts:
+        proposals = tuple(a for a in _proposals(s, best) if a not in s.asked)
+    if proposals or running:
+        return proposals
+    return verdict(s)
+
+
+def _proposals(s: SearchState, best: Started | None) -> tuple[Attempt, ...]:
+    cfg, running = s.settings, s.running()
+    if best is not None:
+        if s.measured_times is not None:
+            return (s.plan_attempt("calibrate"),)
+        return _perf_variants(s, best) if cfg.optimal_perf else ()
+    if s.settled is not None:
+        if not s.attempts:
+            return _probe(s)
+        if any(a.attempt.kind == "amp" for a in running):
+            return ()
+        retry, _ = _amp_retry(s)
+        return () if retry is None else (retry,)
+    check = s.no_split is not None and s.no_split[0] == len(s.overflows())
+    due = s.plan_attempt("verdict" if check else "plan")
+    roomy = s.plan_attempt("roomy")
+    if check and roomy not in s.asked and roomy.content.base > 1.0:
+        due = roomy  # a split with room where no compile looked, if the measured model has one
+    if due not in s.asked and (check or s.escalations < cfg.max_attempts):
+        if s.attempts and running:
+            return ()  # a running compile's outcome may change the re-plan: wait for it
+        return (due,)
+    if s.overflows():
+        return ()
+    spec = tuple(
+        replace(s.plan_attempt(), kind="speculative", label=f"speculative margin {m:g}", margin=m)
+        for m in cfg.speculative_margins
+    )
+    return (*_probe(s), *spec)
+
+
+def _probe(s: SearchState) -> tuple[Attempt, ...]:
+    """The probe (``plan.probe``), PopRT only, beside the first plan, at the lowest AMP."""
+    if not s.settings.probe or s.observations or s.best() is not None:
+        return ()
+    lowest = s.settings.lowest_amp
+    return (Attempt("probe", "probe", 1.0, (1.0,), ContentCorrection(), lowest),)
+
+
+def _perf_variants(s: SearchState, best: Started) -> tuple[Attempt, ...]:
+    if best.period_s is None:
+        return ()
+    margins = sorted({s.margin, *s.settings.speculative_margins})
+    base = s.plan_attempt()
+    return tuple(
+        replace(base, kind="perf", label="optimal-perf variant", margin=m, orders=o)
+        for m in margins
+        for o in (None, ("file",), ("depth_first",))
+    )
+
+
+def worth_compiling(
+    state: SearchState, attempt: Attempt, key: AttemptKey, predicted_s: float
+) -> bool:
+    """Whether a planned split is worth a compile: never a tried one; under ``--optimal-perf`` a
+    variant only if its calibrated prediction beats the best measured period (``PERF_BAND``)."""
+    if key in state.tried():
+        return False
+    if attempt.kind != "perf":
+        return True
+    measured = [a for a in state.attempts if a.period_s and a.predicted_s > 0]
+    best = state.best()
+    if best is None or best.period_s is None or not measured:
+        return False
+    ratio = min(a.period_s / a.predicted_s for a in measured if a.period_s)
+    return predicted_s * ratio * PERF_BAND < best.period_s
+
+
+def _amp_retry(s: SearchState) -> tuple[Attempt | None, str]:
+    """At most one lower AMP per level, on the overflowed split, and only when what the lower cap
+    can take off the worst tile closes its gap; else why not (for the "not proven" message)."""
+    cfg, settled = s.settings, s.settled
+    if not cfg.fallbacks:
+        return None, ""
+    node = settled.node if settled is not None else None
+    need = settled.node_need if settled is not None else 0.0
+    if node is not None and amp_closing(need, cfg.default_amp, cfg.fallbacks) is None:
+        return None, (
+            f"; a lower available_memory_proportion was not tried: {node!r} alone "
+            f"needs {need:.2f}× a device, and a cap on temporaries of "
+            f"{min(cfg.fallbacks):g} instead of {cfg.default_amp:g} takes at most "
+            f"{max(0.0, cfg.default_amp - min(cfg.fallbacks)) * 100:.0f}% of a tile off"
+        )
+    by_index = {a.index: a for a in s.attempts}
+    ooms = [
+        (o, by_index[o.attempt])
+        for o in s.overflows()
+        if o.attempt in by_index and by_index[o.attempt].attempt.kind != "probe"
+    ]
+    if not ooms:
+        return None, ""
+    lowest = min(a.key.amp for _, a in ooms)
+    o, base = min(
+        ((o, a) for o, a in ooms if a.key.amp == lowest),
+        key=lambda oa: oa[0].measured if oa[0].measured is not None else UNKNOWN_OVER,
+    )
+    need = o.measured if o.measured is not None else UNKNOWN_OVER
+    amp = amp_closing(need, lowest, cfg.fallbacks)
+    if o.stage is None:
+        amp = max((a for a in cfg.fallbacks if a < lowest), default=None)
+    if amp is None:
+        cap = min(cfg.fallbacks)
+        return None, (
+            f"; a lower available_memory_proportion was not tried: it caps conv/matmul "
+            f"temporaries per tile, and even at {cap:g} it takes at most "
+            f"{max(0.0, lowest - cap) * 100:.0f}% of a tile off device {o.device}'s worst tile "
+            f"(attempt {base.index}), which is {(need - 1) * 100:.0f}% over"
+        )
+    if AttemptKey(base.key.digest, amp) in s.tried():
+        return None, ""
+    label = f"available_memory_proportion {amp:g}"
+    return replace(base.attempt, kind="amp", label=label, amp=amp, of=base.index), ""
+
+
+def verdict(state: SearchState) -> Verdict:
+    """How the search ends now: the best compiled plan, a fatal error or proof, or not proven."""
+    best = state.best()
+    if best is not None:
+        return Verdict(best.index)
+    return Verdict(None, state.error, state.settled, _amp_retry(state)[1])

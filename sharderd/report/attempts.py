@@ -19,7 +19,9 @@ def attempt_dict(record: AttemptRecord) -> dict[str, Any]:
         "options": {"available_memory_proportion": record.key.amp, "safety_margin": record.margin},
         "memory_scale": list(record.scale),
         "predicted_bottleneck_s": record.predicted_s,
-        "predicted_stage_times_s": [st["time_s"] for st in record.plan["stages"]],
+        "predicted_stage_times_s": [st.time_s for st in record.plan.stages]
+        if record.plan is not None
+        else [0.0] * len(record.views),
         "cost_model": "measured" if record.measured_times else "analytic",
         "outcome": out.outcome if out else "cancelled",
         "duration_s": out.duration_s if out else 0.0,

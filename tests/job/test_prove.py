@@ -397,9 +397,10 @@ def test_an_estimate_that_rules_every_split_out_is_proven_by_the_probe(
     cnn: Path, config: Path, tmp_path: Path
 ) -> None:
     """On 5 devices the estimate (weights and code × margin) rules every split out before any
-    compile: no proof. The probe still compiles the large conv alone at the lowest AMP; where its
+    compile: no proof. The probe compiles the large conv alone at the lowest AMP; where its
     biggest op overflows alone (40% of tiles), that is the proof (exit 3, one compile), and where it
-    fits alone the answer stays "not proven" (exit 5)."""
+    fits alone the search lets the compiler judge the least overfull split without the margin, and
+    the answer stays "not proven" (exit 5) when it overflows."""
     out = tmp_path / "out"
     proc, compiles = shard(cnn, config, out, 5, truth={"op_tiles": 0.4})
     assert proc.returncode == 3, proc.stderr
@@ -408,5 +409,6 @@ def test_an_estimate_that_rules_every_split_out_is_proven_by_the_probe(
     out = tmp_path / "fits"
     proc, compiles = shard(cnn, config, out, 5)
     assert proc.returncode == 5, proc.stderr
-    assert [c["options"]["num_ipus"] for c in compiles] == [1]
+    ipus = sorted(c["options"]["num_ipus"] for c in compiles)
+    assert ipus[0] == 1 and ipus.count(1) == 1 and len(ipus) <= 3
     assert "not proven" in proc.stderr

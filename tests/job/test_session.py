@@ -58,12 +58,13 @@ async def test_worker_and_local_sessions_agree(model: Path, tmp_path: Path) -> N
     local_summary = await session.summary()
     local = await session.plan(replace(request, write_dir=str(tmp_path / "l")))
     assert remote_summary["model"] == local_summary["model"]
-    assert remote["plan"]["digest"] == local["plan"]["digest"]
-    assert remote["plan"]["bottleneck_s"] == pytest.approx(local["plan"]["bottleneck_s"])
-    assert (
-        Path(remote["files"]["model"]).is_file()
-        and Path(remote["files"]["sharding_yaml"]).is_file()
-    )
+    assert remote.plan.digest == local.plan.digest
+    assert remote.plan.bottleneck_s == pytest.approx(local.plan.bottleneck_s)
+    assert remote.plan.stages == local.plan.stages and remote.plan.bounds == local.plan.bounds
+    assert (remote.plan.assignment == local.plan.assignment).all()
+    assert remote.files is not None and local.files is not None
+    assert remote.files.model.is_file() and remote.files.sharding_yaml.is_file()
+    assert remote.files.routed == local.files.routed
 
 
 @pytest.mark.anyio
@@ -118,7 +119,7 @@ async def test_worker_and_local_sessions_write_the_same_probe(model: Path, tmp_p
     """On a target where one node needs most of a device, both sessions pick it and write it
     alone; on the real target no node is worth a probe."""
     local = PlanService(model, PlanConfig(), TARGET)
-    assert local.probe(ProbeRequest(str(tmp_path / "none.onnx")))["probe"] is None
+    assert local.probe(ProbeRequest(str(tmp_path / "none.onnx"))) is None
     heaviest = float(memory_floor(local.analysis, TARGET).node_bytes.max())
     small = replace(TARGET, memory_bytes=int(heaviest / 0.8))
     worker = await WorkerSession.start(model, PlanConfig(), small, stderr_path=tmp_path / "err")
@@ -129,8 +130,9 @@ async def test_worker_and_local_sessions_write_the_same_probe(model: Path, tmp_p
     mine = await LocalSession(PlanService(model, PlanConfig(), small)).probe(
         ProbeRequest(str(tmp_path / "l" / "probe.onnx"))
     )
-    assert remote["probe"] == mine["probe"] and remote["probe"]["need"] == pytest.approx(0.8)
-    assert remote["plan"]["digest"] == f"probe:{remote['probe']['name']}"
+    assert remote is not None and mine is not None
+    assert (remote.name, remote.need, remote.view) == (mine.name, mine.need, mine.view)
+    assert remote.need == pytest.approx(0.8) and remote.view.predicted == remote.need
     for result in (remote, mine):
-        written = onnx.load(result["files"]["model"])
-        assert [n.name for n in written.graph.node][-1] == result["probe"]["name"]
+        written = onnx.load(str(result.model))
+        assert [n.name for n in written.graph.node][-1] == result.name

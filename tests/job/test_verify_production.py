@@ -45,10 +45,10 @@ def _run(model: Path, tmp_path: Path) -> Any:
 def _tamper(monkeypatch: pytest.MonkeyPatch, change: Callable[[onnx.ModelProto], None]) -> None:
     real = session_module.PlanService.plan
 
-    def plan(self: Any, request: Any) -> dict[str, Any]:
+    def plan(self: Any, request: Any) -> Any:
         result = real(self, request)
-        if "files" in result:
-            path = result["files"]["model"]
+        if result.files is not None:
+            path = str(result.files.model)
             proto = onnx.load(path)
             change(proto)
             onnx.save(proto, path)

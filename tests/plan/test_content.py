@@ -11,6 +11,7 @@ from real_exports import export_analysis
 
 from sharderd.errors import NotProvenError
 from sharderd.graph.analyze import Analysis
+from sharderd.job.codec import decode_content
 from sharderd.plan.content import ContentCorrection, corrected_analysis, node_factors
 from sharderd.plan.observations import stage_contents
 from sharderd.plan.ordered_costs import ordered_costs
@@ -34,7 +35,7 @@ def test_factors_measured_set_and_overflows_raise() -> None:
     f = node_factors(c, 10)
     assert f.tolist() == [2.0, 2.0, 2.0, 2.0, 1.5, 1.5, 0.7, 0.7, 1.2, 1.2]
     assert ContentCorrection().identity and not c.identity
-    again = ContentCorrection.from_json(json.loads(json.dumps(asdict(c))))
+    again = decode_content(json.loads(json.dumps(asdict(c))))
     assert again == c
 
 
@@ -46,7 +47,7 @@ def test_a_stage_of_corrected_nodes_holds_its_factor_times_its_bytes(name: str) 
     plan = plan_stages(analysis, TARGET, 4, safety_margin=1.0)
     runs = stage_contents(plan.assignment, 4)
     factor = 1.7
-    content = ContentCorrection(1.0, ((tuple(map(tuple, runs[1])), factor),))
+    content = ContentCorrection(1.0, ((runs[1], factor),))
     grown = corrected_analysis(analysis, content, TARGET.memory_bytes)
     before = ordered_costs(analysis, TARGET, plan.order)
     after = ordered_costs(grown, TARGET, plan.order)

@@ -1,39 +1,29 @@
-"""The search's memory model on recorded observation sequences (pure values, no compiles)."""
+"""The search on recorded observation sequences: the memory model, and what ``next_attempts``,
+``learn`` and ``verdict`` make of a sequence of events (pure values, no compiles)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from sharderd.errors import NoSplitError, PlanInfeasibleError
 from sharderd.plan.content import node_factors
-from sharderd.plan.memory_model import (
-    FIT_MIN_MEASURED_SPREAD,
-    HEADROOM,
-    HOPELESS,
-    OOM_FLOOR,
-    SYSTEMIC_CAP,
-    UNKNOWN_OVER,
-    UNMEASURED_SHARE,
-    cautious,
-    content_model,
-    hypothesis,
-    stage_factor,
-    systemic_ratio,
-)
-from sharderd.plan.observations import (
-    AttemptKey,
-    Observation,
-    StageView,
-    observe,
-)
+from sharderd.plan.memory_model import HEADROOM, NOISE, amp_closing, content_model, stage_factor
+from sharderd.plan.observations import AttemptKey, Observation, StageView, observe
 from sharderd.plan.oom import OomInfo
 from sharderd.plan.search import (
+    Attempt,
+    Finished,
     SearchState,
-    amp_closing,
-    amp_for_plan,
-    amp_retry,
-    amp_saving,
+    Settings,
+    Started,
+    Unplanned,
+    Verdict,
     learn,
-    stage_need,
+    next_attempts,
+    verdict,
+    worth_compiling,
 )
 
 TILE = 638_976
@@ -41,16 +31,9 @@ N = 700
 
 
 def stage(
-    device: int,
-    predicted: float,
-    start: int = 0,
-    stop: int = 100,
-    act: float = 0.1,
-    code: float = 0.0,
+    device: int, predicted: float, start: int = 0, stop: int = 100, code: float = 0.0
 ) -> StageView:
-    return StageView(
-        device, predicted, act, "levels", start, stop, runs=((start, stop),), code_share=code
-    )
+    return StageView(device, predicted, ((start, stop),), code_share=code)
 
 
 def oom(attempt: int, st: StageView, measured: float, amp: float = 0.6) -> Observation:
@@ -73,27 +56,9 @@ def test_evidence_follows_the_nodes_not_the_device_index() -> None:
     ]
     later = factors(obs)
     assert np.allclose(later[:100], first[:100])
-    assert systemic_ratio(obs, amp=0.6) is None  # 1.657, 2.1 and 1.3 are not one ratio
     assert (later[100:300] == 1.0).all() and (later[600:] == 1.0).all()
     moved = factors([oom(0, stage(4, 0.6), 0.6 * 1.657)])  # the same layers on device 4
     assert np.array_equal(moved, first)
-
-
-def test_same_factor_on_different_contents_is_one_bounded_systemic_factor() -> None:
-    obs = [oom(0, stage(0, 0.6), 0.6 * 1.40), oom(1, stage(2, 0.6, 200, 300), 0.6 * 1.50)]
-    assert abs((systemic_ratio(obs, amp=0.6) or 0) - 1.40) < 1e-9
-    base = content_model(obs, amp=0.6).base
-    again = [*obs, oom(2, stage(0, 0.5, 0, 80), 0.5 * 1.40)]  # a shrunk stage 0: same contents
-    assert content_model(again, amp=0.6).base == base  # applied once, not compounded
-    assert factors(again)[400] == base
-    huge = [oom(0, stage(0, 0.3), 0.3 * 3.0), oom(1, stage(2, 0.3, 200, 300), 0.3 * 3.2)]
-    assert systemic_ratio(huge, amp=0.6) == SYSTEMIC_CAP
-
-
-def test_a_shrunk_stage_is_not_a_second_opinion() -> None:
-    """Two overflows of (mostly) the same nodes are one piece of evidence, not a systemic one."""
-    obs = [oom(0, stage(0, 0.8, 0, 80), 1.2), oom(1, stage(1, 0.6, 10, 70), 1.1)]
-    assert systemic_ratio(obs, amp=0.6) is None
 
 
 def test_noise_never_makes_a_hopeless_factor() -> None:
@@ -111,7 +76,7 @@ def test_code_is_not_scaled() -> None:
     o = oom(0, stage(0, 0.8, code=0.5), 1.2)
     f = stage_factor(o, 1.2)
     assert abs(0.4 + 0.4 * f - 1.2) < 1e-12
-    assert stage_factor(oom(0, stage(0, 0.8, code=1.0), 1.2), 1.2) == HOPELESS
+    assert stage_factor(oom(0, stage(0, 0.8, code=1.0), 1.2), 1.2) >= 1e6  # nothing holds it
 
 
 def test_estimate_reproduces_every_oom_even_within_the_noise() -> None:
@@ -127,133 +92,25 @@ def test_estimate_reproduces_every_oom_even_within_the_noise() -> None:
     f = factors(obs, estimate=True)
     for o in obs:
         assert o.stage is not None and o.measured is not None
-        a, b = o.stage.start, o.stage.stop
+        ((a, b),) = o.stage.runs
         code = o.stage.predicted * o.stage.code_share
         corrected = code + (o.stage.predicted - code) * f[a:b].min()
-        assert corrected >= o.measured * (1 - FIT_MIN_MEASURED_SPREAD) - 1e-12
-        assert corrected >= OOM_FLOOR - 1e-12
+        assert corrected >= o.measured * (1 - NOISE) - 1e-12
+        assert corrected > 1.0
     near = obs[2].stage
     assert near is not None
-    smaller = near.predicted * 0.95 * f[near.start : near.stop].min()
+    smaller = near.predicted * 0.95 * f[near.runs[0][0] : near.runs[0][1]].min()
     assert smaller < 1.0
-
-
-def test_hypothesis_gives_the_worst_factor_to_unmeasured_nodes_only_when_it_changes_something() -> (
-    None
-):
-    assert hypothesis([], amp=0.6) is None
-    obs = [oom(0, stage(0, 0.6), 0.6 * 1.5)]
-    guess = hypothesis(obs, amp=0.6)
-    assert guess is not None and abs(guess.base - 1.5 * HEADROOM) < 1e-9
-    systemic = [*obs, oom(1, stage(2, 0.6, 200, 300), 0.6 * 1.5)]
-    assert hypothesis(systemic, amp=0.6) is None  # the systemic factor already covers them
-
-
-def test_amp_retry_only_when_the_lower_cap_can_close_the_gap() -> None:
-    short = oom(0, stage(0, 0.9), 1.55)
-    assert amp_retry(short, 0.6, (0.3, 0.1)) is None  # 0.5 of a tile off at most: not 0.55
-    near = oom(0, stage(0, 0.9), 1.05)
-    assert amp_retry(near, 0.6, (0.3, 0.1)) == 0.3
-
-
-def test_a_verdict_check_leaves_room_for_the_nodes_no_compile_measured() -> None:
-    """One OOM measures one device; the cautious model takes every other node halfway
-    (geometrically) to its factor, only ever raising factors, so what fits it fits the estimate."""
-    obs = [oom(0, stage(1, 0.8, 100, 200), 0.8 * 1.21)]
-    estimate = content_model(obs, amp=0.6, estimate=True)
-    room = cautious(estimate)
-    assert room is not None
-    worst = estimate.peak()
-    assert abs(room.base - worst**UNMEASURED_SHARE) < 1e-12 and 1.0 < room.base < worst
-    assert (node_factors(room, N) >= node_factors(estimate, N)).all()
-    assert cautious(SearchState(4, 1.0, 0.6, tuple(obs)).estimate_content()) == room
-    # Two agreeing overflows give the unmeasured nodes a systemic factor, the smaller one: they
-    # are taken halfway from it to the larger.
-    agreed = content_model(
-        [*obs, oom(1, stage(3, 0.8, 300, 400), 0.8 * 1.3)], amp=0.6, estimate=True
-    )
-    above = cautious(agreed)
-    assert agreed.base > 1.0 and above is not None
-    assert abs(above.base - agreed.base * (agreed.peak() / agreed.base) ** UNMEASURED_SHARE) < 1e-12
-    assert cautious(content_model([], amp=0.6, estimate=True)) is None
 
 
 def test_a_lower_cap_takes_off_at_most_what_was_above_it() -> None:
     """PopART's AMP is a per-tile cap on conv/matmul temporaries: lowering it from 0.6 to 0.3 can
     take at most 0.3 of a tile off, however large the tile's activations; not the fake's linear
     a/amp shrink, which would promise more where temporaries dominate."""
-    assert abs(amp_saving(0.6, 0.3) - 0.3) < 1e-12 and amp_saving(0.3, 0.6) == 0.0
     assert amp_closing(1.25, 0.6, (0.3, 0.1)) == 0.3
     assert amp_closing(1.4, 0.6, (0.3, 0.1)) == 0.1
     assert amp_closing(1.6, 0.6, (0.3, 0.1)) is None
     assert amp_closing(1.05, 0.6, ()) is None
-
-
-def test_an_amp_retry_closes_every_gap_the_compiles_know_not_only_the_named_one() -> None:
-    """Recorded (transformer, largest op on 40% of tiles, 4 devices): the plan's OOM named device 0
-    at 1.024; the verdict check's device 1, holding mostly the plan's device-1 nodes, measured
-    1.134. The level is chosen for every gap the compiles know; one no level can close stops it."""
-    plan = (
-        stage(0, 0.851, 0, 75, act=0.131, code=0.377),
-        stage(1, 0.921, 75, 152, act=0.121, code=0.357),
-        stage(2, 0.895, 152, 235, act=0.124, code=0.396),
-        stage(3, 0.885, 235, 308, act=0.126, code=0.353),
-    )
-    obs = [oom(0, plan[0], 1.024), oom(1, stage(1, 0.943, 88, 166, act=0.118, code=0.354), 1.134)]
-    assert amp_retry(obs[0], 0.6, (0.3, 0.1)) == 0.3
-    need = stage_need(plan[1], 0, obs, 0.6)
-    assert 1.0 < need < 1.134  # carried over with the noise in the model's favour
-    assert stage_need(plan[0], 0, obs, 0.6) == 1.024  # its own measurement
-    assert stage_need(plan[2], 0, obs, 0.6) == plan[2].predicted  # nothing measured it
-    assert amp_for_plan(plan, 0, obs, 0.6, (0.3, 0.1)) == (0.3, None, 0.0)
-    assert amp_for_plan(plan, 0, obs, 0.6, (0.55, 0.3)) == (
-        0.3,
-        None,
-        0.0,
-    )  # 0.55 closes 1.024 only
-    assert amp_for_plan(plan, 0, obs, 0.6, (0.55,)) == (None, plan[1], need)
-    assert amp_for_plan(plan, 0, [], 0.6, (0.3, 0.1)) == (None, None, 0.0)
-    numberless = [Observation(0, plan[0], False, None, 0.6)]
-    assert stage_need(plan[0], 0, numberless, 0.6) == UNKNOWN_OVER
-
-
-def test_observe_and_learn_keep_every_observation() -> None:
-    views = (stage(0, 0.7), stage(1, 0.5, 100, 200))
-    new = observe(
-        0,
-        views,
-        kind="oom",
-        amp=0.6,
-        oom=OomInfo("tile", 1, 30, int(1.2 * TILE), TILE),
-        tile_bytes=TILE,
-    )
-    assert [o.device for o in new] == [1] and abs((new[0].measured or 0) - 1.2) < 1e-5
-    state, correction = learn(SearchState(2, 1.15, 0.6), AttemptKey("d", 0.6), new, views)
-    assert state.scales() == (1.0, 1.0)  # nothing per device index
-    f = node_factors(state.content(), N)
-    assert (f[:100] == 1.0).all() and (f[100:200] > 2.0).all()
-    assert correction is not None and correction.before == (1.0, 1.0)
-    assert correction.after[0] == 1.0 and correction.after[1] > 2.0
-    blind = observe(1, views, kind="oom", amp=0.6, oom=OomInfo("variables"))
-    assert learn(state, AttemptKey("e", 0.6), blind)[0].scales() == (1.25, 1.25)
-
-
-def test_an_oom_at_a_lower_amp_rules_the_split_out_at_the_default_too() -> None:
-    """Lowering available_memory_proportion only lowers memory: the split that ran out at 0.3 is
-    marked tried at 0.6 as well; its bytes stay evidence at 0.3 only."""
-    state = SearchState(2, 1.15, 0.6)
-    low = AttemptKey("abc", 0.3)
-    after, _ = learn(state, low, [oom(0, stage(0, 0.8), 1.02, amp=0.3)])
-    assert low in after.tried and AttemptKey("abc", 0.6) in after.tried
-    assert after.content().identity  # the default's model is unchanged
-    fitted, _ = learn(state, AttemptKey("abc", 0.6), [oom(0, stage(0, 0.8), 1.02)])
-    assert fitted.tried == {AttemptKey("abc", 0.6)}
-
-
-def test_without_contents_only_the_file_order_stands_for_nodes() -> None:
-    plain = StageView(0, 0.6, 0.1, "file", 10, 20)
-    assert plain.nodes() == ((10, 20),)
-    assert StageView(0, 0.6, 0.1, "depth_first", 10, 20).nodes() == ()
 
 
 def test_a_fixed_cost_is_charged_to_the_nodes_that_keep_it() -> None:
@@ -272,3 +129,163 @@ def test_a_fixed_cost_is_charged_to_the_nodes_that_keep_it() -> None:
     assert content_model([inner, outer], amp=0.6) == model  # either order, one model
     verdict = content_model([outer, inner], amp=0.6, estimate=True)
     assert verdict.fixed_on_heaviest and not model.fixed_on_heaviest
+
+
+SETTINGS = Settings(
+    devices=2,
+    margin=1.15,
+    default_amp=0.6,
+    fallbacks=(0.3, 0.1),
+    speculative_margins=(1.3,),
+    max_attempts=8,
+    probe=True,
+)
+PLAN = (stage(0, 0.7, 0, 100), stage(1, 0.5, 100, 200))
+
+
+def first(state: SearchState) -> Attempt:
+    wanted = next_attempts(state)
+    assert isinstance(wanted, tuple) and wanted, wanted
+    return wanted[0]
+
+
+def start(
+    state: SearchState, attempt: Attempt, digest: str, predicted_s: float = 1.0
+) -> SearchState:
+    index = len(state.attempts)
+    key = AttemptKey(digest, attempt.amp)
+    event = Started(index, attempt, key, predicted_s)
+    return learn(state, event)
+
+
+def overflow(index: int, device: int, measured: float, amp: float = 0.6) -> Finished:
+    info = OomInfo("tile", device, 3, int(measured * TILE), TILE)
+    return Finished(index, "oom", observe(index, PLAN, kind="oom", amp=amp, oom=info))
+
+
+def test_the_first_plan_then_the_probe_and_a_speculative_margin_beside_it() -> None:
+    state = SearchState(SETTINGS, 1.15)
+    plan = first(state)
+    assert (plan.kind, plan.label, plan.margin, plan.amp) == ("plan", "plan", 1.15, 0.6)
+    assert plan.content.identity
+    state = start(state, plan, "a")
+    wanted = next_attempts(state)
+    assert isinstance(wanted, tuple)
+    assert [(a.kind, a.amp) for a in wanted] == [("probe", 0.1), ("speculative", 0.6)]
+    assert wanted[1].margin == 1.3
+    no_probe = SearchState(replace(SETTINGS, probe=False), 1.15)
+    assert [a.kind for a in next_attempts(start(no_probe, plan, "a"))] == ["speculative"]  # type: ignore[union-attr]
+
+
+def test_a_re_plan_waits_for_the_running_compile_and_carries_every_overflow() -> None:
+    state = SearchState(SETTINGS, 1.15)
+    state = start(state, first(state), "a")
+    spec = next_attempts(state)[1]  # type: ignore[index]
+    state = start(state, spec, "b")
+    state = learn(state, overflow(0, 0, 1.3))
+    assert next_attempts(state) == ()  # the speculative compile is still running
+    state = learn(state, overflow(1, 1, 1.2))
+    replan = first(state)
+    assert replan.kind == "plan" and replan.label == "re-plan after OOM"
+    f = node_factors(replan.content, N)
+    assert abs(f[50] - 1.3 / 0.7 * HEADROOM) < 1e-5 and abs(f[150] - 1.2 / 0.5 * HEADROOM) < 1e-5
+    assert (f[200:] == 1.0).all()
+
+
+def test_a_fit_ends_the_search_unless_a_faster_plan_is_still_running() -> None:
+    state = SearchState(SETTINGS, 1.15)
+    state = start(state, first(state), "a", predicted_s=2.0)
+    spec = next_attempts(state)[1]  # type: ignore[index]
+    state = start(state, spec, "b", predicted_s=1.0)
+    done = learn(state, Finished(0, "ok", observe(0, PLAN, kind="ok", amp=0.6)))
+    assert next_attempts(done) == ()  # attempt 1 predicts faster: wait for it
+    assert next_attempts(learn(done, overflow(1, 0, 1.1))) == Verdict(0)
+    assert next_attempts(learn(done, Finished(1, "ok"))) == Verdict(1)
+
+
+def test_no_split_under_the_corrections_checks_the_model_as_measured_then_amp_then_not_proven() -> (
+    None
+):
+    state = SearchState(SETTINGS, 1.15)
+    plan = first(state)
+    state = learn(start(state, plan, "a"), overflow(0, 0, 1.2))
+    state = learn(state, Unplanned(first(state)))  # the probe and the margin: no split either
+    state = learn(state, Unplanned(first(state)))
+    replan = first(state)
+    err = NoSplitError("no split under the corrections")
+    state = learn(state, Unplanned(replan, err))
+    roomy = first(state)  # first a split with the unmeasured nodes at the least measured factor
+    assert roomy.kind == "roomy" and roomy.margin == 1.0
+    f = node_factors(roomy.content, N)
+    assert abs(f[50] - 1.2 / 0.7) < 1e-5 and abs(f[400] - 1.2 / 0.7) < 1e-5
+    assert (f >= node_factors(content_model(state.observations, amp=0.6, estimate=True), N)).all()
+    state = learn(state, Unplanned(roomy))
+    check = first(state)
+    assert check.kind == "verdict" and check.margin == 1.0 and check.content.fixed_on_heaviest
+    settled = learn(state, Unplanned(check))  # only the tried split: settled, with the base error
+    retry = first(settled)
+    assert (retry.kind, retry.amp, retry.of) == ("amp", 0.3, 0)  # 0.3 off a tile closes 1.2
+    far = learn(start(SearchState(SETTINGS, 1.15), plan, "a"), overflow(0, 0, 1.6))
+    far = replace(far, settled=err)
+    end = next_attempts(far)
+    assert isinstance(end, Verdict) and end.kept is None and end.settled is err
+    assert "available_memory_proportion was not tried" in end.note and "60% over" in end.note
+    assert isinstance(err, NoSplitError) and end.error is None  # not proven, never a proof
+
+
+def test_an_estimate_with_margin_lets_a_compile_decide_without_it() -> None:
+    """Before any compile, "no split" under the margin is an estimate: the next plan drops the
+    margin (the planner then offers its least overfull split); without a margin it settles."""
+    state = SearchState(SETTINGS, 1.15)
+    state = learn(state, Unplanned(first(state), NoSplitError("margin")))
+    assert state.margin == 1.0 and state.settled is None and first(state).margin == 1.0
+    hopeless = learn(state, Unplanned(first(state), NoSplitError("no")))
+    assert hopeless.settled is not None and first(hopeless).kind == "probe"
+
+
+def test_a_proof_ends_the_search_as_itself() -> None:
+    proof = PlanInfeasibleError("weights", grounds="weights_total")
+    state = SearchState(SETTINGS, 1.15)
+    ended = learn(state, Unplanned(first(state), proof))
+    assert next_attempts(ended) == Verdict(None, proof, None, "")
+    probe = Attempt("probe", "probe", 1.0, (1.0,), first(state).content, 0.1)
+    running = start(start(state, first(state), "a"), probe, "p")
+    proven = learn(running, Finished(1, "oom", fatal=proof))
+    assert verdict(proven).error is proof and isinstance(next_attempts(proven), Verdict)
+
+
+def test_a_re_plan_that_reproduces_a_tried_split_grows_the_last_overflow_within_the_budget() -> (
+    None
+):
+    small = replace(SETTINGS, max_attempts=2, speculative_margins=(), probe=False)
+    state = learn(
+        start(SearchState(small, 1.15), first(SearchState(small, 1.15)), "a"), overflow(0, 1, 1.1)
+    )
+    for k in range(2):
+        state = learn(state, Unplanned(first(state)))
+        assert state.scales() == (1.0, HEADROOM ** (k + 1))
+    end = next_attempts(state)  # the budget of re-plans is spent: not proven, not a proof
+    assert isinstance(end, Verdict) and end.kept is None and end.error is None
+
+
+def test_a_split_that_overflowed_at_a_lower_amp_is_not_compiled_at_the_default() -> None:
+    state = SearchState(SETTINGS, 1.15)
+    plan = first(state)
+    state = learn(start(state, replace(plan, amp=0.3), "abc"), overflow(0, 0, 1.02, amp=0.3))
+    assert not worth_compiling(state, plan, AttemptKey("abc", 0.6), 1.0)
+    assert worth_compiling(state, plan, AttemptKey("other", 0.6), 1.0)
+    assert state.content().identity  # its bytes are evidence at 0.3 only
+
+
+def test_a_re_plan_on_measured_times_is_waited_for() -> None:
+    """With ``cost_model = "measured"`` the first fit's profile asks for one re-plan on measured
+    times; the search waits for it even when its prediction (in other units) is slower."""
+    cfg = replace(SETTINGS, calibrate=True, probe=False, speculative_margins=())
+    state = SearchState(cfg, 1.15)
+    state = start(state, first(state), "a", predicted_s=1.0)
+    state = learn(state, Finished(0, "ok", node_times=(("n", 0.5),)))
+    again = first(state)
+    assert again.kind == "calibrate" and state.measured_times == (("n", 0.5),)
+    state = start(state, again, "b", predicted_s=5.0)
+    assert next_attempts(state) == ()
+    assert next_attempts(learn(state, Finished(1, "ok"))) == Verdict(0)
