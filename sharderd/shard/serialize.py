@@ -27,7 +27,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["SerializeError", "Serialized", "serialize_node", "splittable", "weight_view"]
+__all__ = [
+    "SerializeError",
+    "Serialized",
+    "WeightRows",
+    "serialize_node",
+    "splittable",
+    "weight_view",
+]
 
 _CHUNK_BYTES = 1 << 26
 """Bytes copied per write when a piece is streamed to its data file (bounds peak memory)."""
@@ -69,17 +76,37 @@ def splittable(model: onnx.ModelProto, node: onnx.NodeProto) -> Literal["rows", 
     return None
 
 
-def weight_view(tensor: TensorProto, base_dir: Path) -> np.ndarray:
-    """The tensor's values: a read-only memmap of its external data, or the inline array."""
-    if tensor.data_location != TensorProto.EXTERNAL:
-        return numpy_helper.to_array(tensor)
-    info = {e.key: e.value for e in tensor.external_data}
+@dataclass(frozen=True, slots=True)
+class WeightRows:
+    """Rows of a weight, read on demand: a memmap of just those rows of the external data file
+    (unmapped once copied, so the pages never pile up in memory), or slices of the inline array."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    inline: np.ndarray | None
+    file: Path | None
+    offset: int
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        if self.inline is not None:
+            return np.array(self.inline[lo:hi])
+        assert self.file is not None
+        row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        view = np.memmap(self.file, dtype=self.dtype, mode="r", offset=self.offset + lo * row_bytes,
+                         shape=(hi - lo, *self.shape[1:]))  # fmt: skip
+        copied = np.array(view)
+        del view
+        return copied
+
+
+def weight_view(tensor: TensorProto, base_dir: Path) -> WeightRows:
+    """The tensor's values, by rows: from its external data file, or the inline array."""
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
     shape = tuple(int(d) for d in tensor.dims)
-    return np.memmap(
-        base_dir / info["location"], dtype=dtype, mode="r", offset=int(info.get("offset", 0)),
-        shape=shape,
-    )  # fmt: skip
+    if tensor.data_location != TensorProto.EXTERNAL:
+        return WeightRows(shape, dtype, numpy_helper.to_array(tensor), None, 0)
+    info = {e.key: e.value for e in tensor.external_data}
+    return WeightRows(shape, dtype, None, base_dir / info["location"], int(info.get("offset", 0)))
 
 
 def _bounds(size: int, pieces: int) -> list[tuple[int, int]]:
@@ -121,23 +148,17 @@ class _Sink:
 
 
 def _row_chunks(
-    array: np.ndarray, rows: range, cols: slice, extra_zero_row: bool
+    source: WeightRows, rows: range, cols: slice, extra_zero_row: bool
 ) -> Iterator[np.ndarray]:
-    """``array[rows, cols]`` a bounded number of rows at a time (plus a zero row if asked)."""
-    row_bytes = max(1, array[0:1, cols].nbytes if array.ndim > 1 else array.itemsize)
-    step = max(1, _CHUNK_BYTES // row_bytes)
+    """``source[rows, cols]`` a bounded number of rows at a time (plus a zero row if asked)."""
+    row_bytes = int(np.prod(source.shape[1:], dtype=np.int64)) * source.dtype.itemsize
+    step = max(1, _CHUNK_BYTES // max(1, row_bytes))
     for lo in range(rows.start, rows.stop, step):
-        yield np.array(
-            array[lo : min(lo + step, rows.stop)][:, cols]
-            if array.ndim > 1
-            else array[lo : min(lo + step, rows.stop)]
-        )
+        chunk = source.rows(lo, min(lo + step, rows.stop))
+        yield np.ascontiguousarray(chunk[:, cols]) if chunk.ndim > 1 else chunk
     if extra_zero_row:
-        yield (
-            np.zeros((1, *array.shape[1:]), dtype=array.dtype)[:, cols]
-            if array.ndim > 1
-            else np.zeros(1, array.dtype)
-        )
+        zero = np.zeros((1, *source.shape[1:]), dtype=source.dtype)
+        yield zero[:, cols] if zero.ndim > 1 else zero
 
 
 def serialize_node(
@@ -258,7 +279,10 @@ def _columns(
     bias = (
         inits_by_name.get(node.input[2]) if node.op_type == "Gemm" and len(node.input) > 2 else None
     )
-    bias_values = weight_view(bias, base_dir) if bias is not None else None
+    bias_values = None
+    if bias is not None:
+        whole = weight_view(bias, base_dir)
+        bias_values = whole.rows(0, whole.shape[0]) if whole.shape else np.array(whole.inline)
     width = source.shape[0] if trans else source.shape[1]
     nodes, inits, outs, piece_nodes = [], [], [], []
     for i, (lo, hi) in enumerate(bounds):

@@ -1,0 +1,61 @@
+"""Serialize a model file's too-big nodes before planning: the one change to the user's graph.
+
+``serialize_file`` reads the model without its weights, asks ``plan.serialize_choice`` which nodes
+no split can hold whole, rewrites each with ``shard.serialize`` and writes the result under a work
+directory, next to links to the original external data (never copies). With nothing to serialize
+it returns the original path and no records.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from sharderd.config import PlanConfig
+from sharderd.graph.analyze import analyze
+from sharderd.graph.load import load_model
+from sharderd.plan.serialize_choice import choose_pieces, node_weight_bytes
+from sharderd.shard.serialize import Serialized, serialize_node, splittable
+from sharderd.shard.write import copy_external_data, write_model
+from sharderd.target import Target
+
+__all__ = ["serialize_file"]
+
+
+def serialize_file(
+    path: Path, config: PlanConfig, target: Target, work_dir: Path
+) -> tuple[Path, tuple[Serialized, ...]]:
+    """The path to plan (the serialized copy, or ``path`` itself) and what was serialized."""
+    loaded = load_model(path)
+    flow = analyze(loaded, config).flow
+    per_node = node_weight_bytes(flow.nw_ptr, flow.nw_idx, flow.weight_bytes)
+    model = loaded.model
+    by_name = {node.name: node for node in model.graph.node}
+    limits = np.zeros(flow.num_nodes, dtype=np.int64)
+    for i, name in enumerate(flow.node_names):
+        node = by_name.get(name)
+        kind = splittable(model, node) if node is not None else None
+        if node is not None and kind is not None:
+            weight = next(t for t in model.graph.initializer if t.name == _weight_input(node, kind))
+            limits[i] = weight.dims[0] if kind == "rows" else max(weight.dims)
+    chosen = choose_pieces(per_node, limits, float(target.memory_bytes))
+    if not chosen:
+        return path, ()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    copy_external_data(loaded.external_files, path.parent, work_dir, link=True)
+    done = []
+    for n, (i, pieces) in enumerate(sorted(chosen.items())):
+        data = work_dir / f"{path.stem}.serialized{n}.data"
+        model, record = serialize_node(
+            model, flow.node_names[i], pieces, base_dir=path.parent, data_path=data
+        )
+        done.append(record)
+    out = work_dir / f"{path.stem}.serialized.onnx"
+    write_model(model, out)
+    return out, tuple(done)
+
+
+def _weight_input(node: onnx.NodeProto, kind: str) -> str:
+    return str(node.input[0] if kind == "rows" else node.input[1])
