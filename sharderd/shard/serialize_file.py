@@ -8,12 +8,15 @@ it returns the original path and no records.
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from sharderd.config import PlanConfig
+from sharderd.config import Config, PlanConfig
 from sharderd.graph.analyze import analyze
 from sharderd.graph.load import load_model
 from sharderd.plan.serialize_choice import choose_pieces, node_weight_bytes
@@ -21,7 +24,7 @@ from sharderd.shard.serialize import Serialized, serialize_node, splittable
 from sharderd.shard.write import copy_external_data, write_model
 from sharderd.target import Target
 
-__all__ = ["serialize_file"]
+__all__ = ["serialize_file", "serialized_for_plan"]
 
 
 def serialize_file(
@@ -59,3 +62,16 @@ def serialize_file(
 
 def _weight_input(node: onnx.NodeProto, kind: str) -> str:
     return str(node.input[0] if kind == "rows" else node.input[1])
+
+
+@contextmanager
+def serialized_for_plan(
+    path: Path, config: Config, target_name: str | None
+) -> Iterator[tuple[Path, tuple[Serialized, ...]]]:
+    """``serialize_file`` into a temporary directory (``sharderd plan``, which writes nothing),
+    or ``path`` itself when ``[plan] serialize`` is off."""
+    if not config.plan.serialize:
+        yield path, ()
+        return
+    with tempfile.TemporaryDirectory(prefix="sharderd-serialize-") as tmp:
+        yield serialize_file(path, config.plan, config.target(target_name), Path(tmp))
