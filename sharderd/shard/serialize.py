@@ -185,7 +185,7 @@ def serialize_node(
     if kind is None:
         raise SerializeError(f"node {node_name!r} ({node.op_type}) cannot be serialized")
     weight = _initializers(out)[node.input[0] if kind == "rows" else node.input[1]]
-    size = weight.dims[0] if kind == "rows" or _trans_b(node) else weight.dims[1]
+    size = weight.dims[0] if kind == "rows" or trans_b(node) else weight.dims[1]
     if not 2 <= pieces <= size:
         raise SerializeError(f"cannot split {size} {kind} into {pieces} pieces")
     sink = _Sink(data_path, inline_limit)
@@ -205,7 +205,7 @@ _Pieces = tuple[list[onnx.NodeProto], list[TensorProto], list[str]]
 """The nodes replacing the original, the new initializers, the names of the weight-holding nodes."""
 
 
-def _trans_b(node: onnx.NodeProto) -> bool:
+def trans_b(node: onnx.NodeProto) -> bool:
     return node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
 
 
@@ -273,7 +273,7 @@ def _columns(
     base_dir: Path,
 ) -> _Pieces:
     name, output = node.name, node.output[0]
-    trans = _trans_b(node)
+    trans = trans_b(node)
     source = weight_view(weight, base_dir)
     inits_by_name = _initializers(model)
     bias = (

@@ -20,7 +20,7 @@ from sharderd.config import Config, PlanConfig
 from sharderd.graph.analyze import analyze
 from sharderd.graph.load import load_model
 from sharderd.plan.serialize_choice import choose_pieces, node_weight_bytes
-from sharderd.shard.serialize import Serialized, serialize_node, splittable
+from sharderd.shard.serialize import Serialized, serialize_node, splittable, trans_b
 from sharderd.shard.write import copy_external_data, write_model
 from sharderd.target import Target
 
@@ -42,7 +42,7 @@ def serialize_file(
         kind = splittable(model, node) if node is not None else None
         if node is not None and kind is not None:
             weight = next(t for t in model.graph.initializer if t.name == _weight_input(node, kind))
-            limits[i] = weight.dims[0] if kind == "rows" else max(weight.dims)
+            limits[i] = weight.dims[0] if kind == "rows" or trans_b(node) else weight.dims[1]
     chosen = choose_pieces(per_node, limits, float(target.memory_bytes))
     if not chosen:
         return path, ()
