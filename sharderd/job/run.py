@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import anyio
 import onnx
 
 from sharderd.backends.pool import AttemptPool
@@ -105,8 +104,8 @@ async def shard_job(
     serialized: tuple[Serialized, ...] = ()
     if config.plan.serialize:
         try:
-            model_path, serialized = await anyio.to_thread.run_sync(
-                serialize_file, spec.model, config.plan, target, workdir / "serialized"
+            model_path, serialized = serialize_file(
+                spec.model, config.plan, target, workdir / "serialized"
             )
         except SharderdError as err:
             raise JobFailed(err, None) from None

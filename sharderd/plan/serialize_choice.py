@@ -13,21 +13,11 @@ import math
 
 import numpy as np
 
-__all__ = ["PIECE_SHARE", "choose_pieces", "node_weight_bytes"]
+__all__ = ["PIECE_SHARE", "choose_pieces"]
 
 PIECE_SHARE = 0.5
 """The most of one device's memory one piece's weights may take; the rest is for its stage's
 activations, code and neighbours (half: a piece never needs a device to itself)."""
-
-
-def node_weight_bytes(
-    nw_ptr: np.ndarray, nw_idx: np.ndarray, weight_bytes: np.ndarray
-) -> np.ndarray:
-    """Bytes of the weights each node reads (CSR ``nw_ptr``/``nw_idx`` over ``weight_bytes``)."""
-    per_node = np.zeros(len(nw_ptr) - 1)
-    owner = np.repeat(np.arange(len(nw_ptr) - 1), np.diff(nw_ptr))
-    np.add.at(per_node, owner, weight_bytes[nw_idx].astype(np.float64))
-    return per_node
 
 
 def choose_pieces(

@@ -1,6 +1,7 @@
 """Serialize a model file's too-big nodes before planning: the one change to the user's graph.
 
-``serialize_file`` reads the model without its weights, asks ``plan.serialize_choice`` which nodes
+``serialize_file`` reads the model without its weights (no analysis: the splittable nodes' weights
+are their initializer inputs, so a model with none too big costs one load), asks ``plan.serialize_choice`` which nodes
 no split can hold whole, rewrites each with ``shard.serialize`` and writes the result under a work
 directory, next to links to the original external data (never copies). With nothing to serialize
 it returns the original path and no records.
@@ -17,9 +18,8 @@ import numpy as np
 import onnx
 
 from sharderd.config import Config, PlanConfig
-from sharderd.graph.analyze import analyze
 from sharderd.graph.load import load_model
-from sharderd.plan.serialize_choice import choose_pieces, node_weight_bytes
+from sharderd.plan.serialize_choice import choose_pieces
 from sharderd.shard.serialize import Serialized, serialize_node, splittable, trans_b
 from sharderd.shard.write import copy_external_data, write_model
 from sharderd.target import Target
@@ -32,16 +32,17 @@ def serialize_file(
 ) -> tuple[Path, tuple[Serialized, ...]]:
     """The path to plan (the serialized copy, or ``path`` itself) and what was serialized."""
     loaded = load_model(path)
-    flow = analyze(loaded, config).flow
-    per_node = node_weight_bytes(flow.nw_ptr, flow.nw_idx, flow.weight_bytes)
     model = loaded.model
-    by_name = {node.name: node for node in model.graph.node}
-    limits = np.zeros(flow.num_nodes, dtype=np.int64)
-    for i, name in enumerate(flow.node_names):
-        node = by_name.get(name)
-        kind = splittable(model, node) if node is not None else None
-        if node is not None and kind is not None:
-            weight = next(t for t in model.graph.initializer if t.name == _weight_input(node, kind))
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes = list(model.graph.node)
+    per_node = np.zeros(len(nodes))
+    limits = np.zeros(len(nodes), dtype=np.int64)
+    for i, node in enumerate(nodes):
+        kind = splittable(model, node)
+        if kind is not None:
+            names = [n for n in node.input if n in inits]
+            per_node[i] = sum(_planned_bytes(inits[n], config) for n in names)
+            weight = inits[_weight_input(node, kind)]
             limits[i] = weight.dims[0] if kind == "rows" or trans_b(node) else weight.dims[1]
     chosen = choose_pieces(per_node, limits, float(target.memory_bytes))
     if not chosen:
@@ -52,12 +53,19 @@ def serialize_file(
     for n, (i, pieces) in enumerate(sorted(chosen.items())):
         data = work_dir / f"{path.stem}.serialized{n}.data"
         model, record = serialize_node(
-            model, flow.node_names[i], pieces, base_dir=path.parent, data_path=data
+            model, nodes[i].name, pieces, base_dir=path.parent, data_path=data
         )
         done.append(record)
     out = work_dir / f"{path.stem}.serialized.onnx"
     write_model(model, out)
     return out, tuple(done)
+
+
+def _planned_bytes(tensor: onnx.TensorProto, config: PlanConfig) -> float:
+    """The tensor's bytes at the planned precision (an fp32 weight is halved at ``fp16``)."""
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    half = config.precision == "fp16" and dtype == np.float32
+    return float(np.prod(tensor.dims, dtype=np.float64)) * (2 if half else dtype.itemsize)
 
 
 def _weight_input(node: onnx.NodeProto, kind: str) -> str:
