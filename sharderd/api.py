@@ -60,13 +60,15 @@ def plan(
     dims: Mapping[str, int] | None = None,
     batch_size: int | None = None,
     precision: Precision | None = None,
+    serialize: bool = True,
     config: Config | str | os.PathLike[str] | None = None,
 ) -> Plan:
     """Split ``model`` into ``devices`` pipeline stages; compile nothing, write nothing.
 
     ``target`` is a name (``targets()``) or a ``Target``; ``None`` takes the config's ``[target]``
     (``ipu-mk2`` by default). ``input_shapes``, ``dims``, ``batch_size`` and ``precision`` amend
-    the config's ``[plan]`` as ``sharderd plan``'s flags do.
+    the config's ``[plan]`` as ``sharderd plan``'s flags do. ``serialize=False`` never rewrites a
+    node too big for one device into pieces (``--no-serialize``; see README "When one op is too big").
 
     Raises:
         PlanInfeasibleError: no split onto ``devices`` fits (exit code 3).
@@ -74,10 +76,17 @@ def plan(
     """
     from sharderd.engine import analyze_file, make_plan
     from sharderd.report.build import plan_section
+    from sharderd.shard.serialize_file import serialized_for_plan
 
-    cfg, target_name = _config(config, target, input_shapes, dims, batch_size, precision)
-    with _model_file(model, _IN_MEMORY_STEM) as path:
-        analysis = analyze_file(path, cfg.plan)
+    cfg, target_name = _config(config, target, input_shapes, dims, batch_size, precision, serialize)
+    with (
+        _model_file(model, _IN_MEMORY_STEM) as path,
+        serialized_for_plan(path, cfg, target_name) as (
+            planned_path,
+            _,
+        ),
+    ):
+        analysis = analyze_file(planned_path, cfg.plan)
         planned = make_plan(analysis, cfg.target(target_name), devices, cfg.plan)
     flow, stage_of = analysis.flow, planned.assignment
     nodes: list[list[tuple[str, str]]] = [[] for _ in range(planned.devices)]
@@ -97,6 +106,7 @@ def shard(
     dims: Mapping[str, int] | None = None,
     batch_size: int | None = None,
     precision: Precision | None = None,
+    serialize: bool = True,
     optimal_perf: bool | None = None,
     max_attempts: int | None = None,
     parallel: int | None = None,
@@ -130,6 +140,7 @@ def shard(
             dims=dims,
             batch_size=batch_size,
             precision=precision,
+            serialize=serialize,
             optimal_perf=optimal_perf,
             max_attempts=max_attempts,
             parallel=parallel,
@@ -153,6 +164,7 @@ async def shard_async(
     dims: Mapping[str, int] | None = None,
     batch_size: int | None = None,
     precision: Precision | None = None,
+    serialize: bool = True,
     optimal_perf: bool | None = None,
     max_attempts: int | None = None,
     parallel: int | None = None,
@@ -166,7 +178,7 @@ async def shard_async(
     from sharderd.job.local import run_local
     from sharderd.job.run import JobFailed, JobSpec
 
-    cfg, target_name = _config(config, target, input_shapes, dims, batch_size, precision)
+    cfg, target_name = _config(config, target, input_shapes, dims, batch_size, precision, serialize)
     given: dict[str, Any] = {
         "backend": backend,
         "optimal_perf": optimal_perf,
@@ -207,6 +219,7 @@ def _config(
     dims: Mapping[str, int] | None,
     batch_size: int | None,
     precision: Precision | None,
+    serialize: bool = True,
 ) -> tuple[Config, str | None]:
     """The config the call runs with, and the target's name in it (``None``: the config's)."""
     cfg = (
@@ -215,7 +228,12 @@ def _config(
         else _load_config(None if config is None else Path(config))
     )
     cfg = amend_plan(
-        cfg, input_shapes=input_shapes, dims=dims, batch_size=batch_size, precision=precision
+        cfg,
+        input_shapes=input_shapes,
+        dims=dims,
+        batch_size=batch_size,
+        precision=precision,
+        no_serialize=not serialize,
     )
     if isinstance(target, Target):
         custom = {**cfg.custom_targets, target.name: target}

@@ -66,6 +66,7 @@ PLAN_PARAMS = [
     ("dims", "KEYWORD_ONLY", None),
     ("batch_size", "KEYWORD_ONLY", None),
     ("precision", "KEYWORD_ONLY", None),
+    ("serialize", "KEYWORD_ONLY", True),
     ("config", "KEYWORD_ONLY", None),
 ]
 SHARD_PARAMS = [
@@ -73,12 +74,13 @@ SHARD_PARAMS = [
     ("out", "KEYWORD_ONLY", inspect.Parameter.empty),
     ("backend", "KEYWORD_ONLY", None),
     *PLAN_PARAMS[2:7],
+    ("serialize", "KEYWORD_ONLY", True),
     ("optimal_perf", "KEYWORD_ONLY", None),
     ("max_attempts", "KEYWORD_ONLY", None),
     ("parallel", "KEYWORD_ONLY", None),
     ("attempt_timeout", "KEYWORD_ONLY", None),
     ("stem", "KEYWORD_ONLY", None),
-    PLAN_PARAMS[7],
+    PLAN_PARAMS[8],
     ("on_event", "KEYWORD_ONLY", None),
 ]
 

@@ -24,15 +24,18 @@ __all__ = ["main"]
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from sharderd.engine import analyze_file, make_plan
-    from sharderd.report.build import model_facts, plan_section, report_dict
+    from sharderd.report.build import model_facts, plan_section, report_dict, serialized_section
     from sharderd.report.markdown import render_markdown
+    from sharderd.shard.serialize_file import serialized_for_plan
 
     config = config_from_args(args)
     target = config.target(args.target)
     started = time.perf_counter()
-    analysis = analyze_file(args.model, config.plan)
+    with serialized_for_plan(args.model, config, args.target) as (path, serialized):
+        analysis = analyze_file(path, config.plan)
     analyzed = time.perf_counter()
     plan = make_plan(analysis, target, args.devices, config.plan)
+    stage_of = dict(zip(analysis.flow.node_names, map(int, plan.assignment), strict=True))
     report = report_dict(
         timings_s={"load_and_analyze": analyzed - started, "plan": time.perf_counter() - analyzed},
         model=model_facts(analysis),
@@ -41,6 +44,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         plan=plan_section(plan, config.plan.batch_size),
         batch_size=config.plan.batch_size,
         status="planned",
+        extra={"serialized": serialized_section(serialized, stage_of)} if serialized else None,
     )
     if args.json:
         print(json.dumps(report, indent=1))

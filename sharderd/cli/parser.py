@@ -60,6 +60,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write the sharded model with the input dims as the file has them, not the planned static shapes",
     )
+    p.add_argument(
+        "--no-serialize",
+        action="store_true",
+        help="never rewrite a node too big for one device into pieces (plan.serialize = false)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,6 +175,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         precision=getattr(args, "precision", None),
         name_nodes=getattr(args, "name_nodes", False),
         keep_dynamic=getattr(args, "keep_dynamic", False),
+        no_serialize=getattr(args, "no_serialize", False),
     )
 
 

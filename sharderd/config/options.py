@@ -85,10 +85,11 @@ def amend_plan(
     precision: Literal["model", "fp32", "fp16"] | None = None,
     name_nodes: bool = False,
     keep_dynamic: bool = False,
+    no_serialize: bool = False,
 ) -> Config:
     """``config`` with its ``[plan]`` amended by a command's flags or an API call's arguments:
     each one given (not ``None``) wins; ``dims`` and ``input_shapes`` add to the config's, and the
-    two switches can only turn on. ``PlanConfig`` validates the result."""
+    switches can only turn on (``no_serialize`` only off). ``PlanConfig`` validates the result."""
     plan = config.plan
     given: dict[str, Any] = {
         "batch_size": batch_size,
@@ -105,4 +106,6 @@ def amend_plan(
         plan = replace(plan, name_nodes=True)
     if keep_dynamic:
         plan = replace(plan, keep_dynamic=True)
+    if no_serialize:
+        plan = replace(plan, serialize=False)
     return replace(config, plan=plan)

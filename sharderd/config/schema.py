@@ -57,6 +57,8 @@ class PlanConfig:
     """Plan and write at this precision (``fp16``: float weights and tensors in half, graph inputs and outputs keep their type); ``model``: as the file is."""
     keep_dynamic: bool = False
     """Write the sharded model with the input dims as the file had them, instead of the planned static shapes."""
+    serialize: bool = True
+    """Rewrite a node whose weights alone exceed one device (an embedding Gather, a MatMul/Gemm with a constant weight) into pieces before planning (``--no-serialize``: never)."""
     safety_margin: float = 1.15
     """Predicted memory × margin must fit a device; absorbs fragmentation and model error."""
     name_nodes: bool = False

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 from numpy.typing import DTypeLike
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from sharderd.examples.builder import (
     Graph,
@@ -65,5 +65,57 @@ def large_external_model(
 
     with open(data, "wb") as f:
         os.truncate(f.fileno(), (layers - 1) * stride + length)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def big_embedding_model(
+    path: Path, *, vocab: int = 256 * 1024, hidden: int = 1024, hit_ids: tuple[int, ...] = ()
+) -> Path:
+    """A decoder (``ids`` → embedding Gather → MatMul → Relu → MatMul) whose fp32 embedding table
+    is ``vocab × hidden`` (1 GiB by default, more than one ipu-mk2) in a sparse external file.
+
+    The table is zero except the rows ``hit_ids``, filled with distinct values (row r holds
+    ``r + column / hidden``), so a lookup checked on them tells rows apart; the file is
+    created with ``os.truncate`` and those rows written with ``seek``, taking a few pages of disk.
+    """
+    positive(vocab=vocab, hidden=hidden)
+    path = Path(path)
+    data = path.with_name(f"{path.stem}.data")
+    row_bytes = hidden * 4
+    table_bytes = vocab * row_bytes
+    stride = -(-table_bytes // _EXTERNAL_ALIGNMENT) * _EXTERNAL_ALIGNMENT
+    rng = np.random.default_rng(0)
+    small = {
+        "w1": rng.standard_normal((hidden, 64)).astype(np.float32) / 32,
+        "w2": rng.standard_normal((64, 64)).astype(np.float32) / 8,
+    }
+    g = Graph(name_nodes=True)
+    table = TensorProto(
+        name="embed.weight", dims=[vocab, hidden], data_type=TensorProto.FLOAT,
+        data_location=TensorProto.EXTERNAL,
+    )  # fmt: skip
+    for key, value in (("location", data.name), ("offset", 0), ("length", table_bytes)):
+        table.external_data.add(key=key, value=str(value))
+    g.initializers.append(table)
+    for name, array in small.items():
+        g.initializers.append(numpy_helper.from_array(array, name))
+    x = g.op("Gather", "/embed/Gather", table.name, "ids")
+    x = g.op("MatMul", "/mlp/MatMul", x, "w1")
+    x = g.op("Relu", "/mlp/Relu", x)
+    g.op("MatMul", "/head/MatMul", x, "w2", out="y")
+    graph = g.to_graph(
+        "big_embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 64])],
+    )
+    model = graph_model(
+        graph, f"embedding [{vocab}, {hidden}] fp32 external and sparse, then an MLP"
+    )
+    with open(data, "wb") as f:
+        os.truncate(f.fileno(), stride)
+        for r in sorted(set(hit_ids)):
+            f.seek(r * row_bytes)
+            f.write((r + np.arange(hidden, dtype=np.float32) / hidden).astype(np.float32).tobytes())
     path.write_bytes(model.SerializeToString())
     return path

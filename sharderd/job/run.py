@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from sharderd.backends.pool import AttemptPool
 from sharderd.backends.registry import AttemptHosts, resolve_backend
 from sharderd.config import Config, SearchOptions
@@ -28,9 +30,11 @@ from sharderd.job.session import (
     WorkerSession,
 )
 from sharderd.report.attempts import attempt_dict
-from sharderd.report.build import plan_section, report_dict
+from sharderd.report.build import plan_section, report_dict, serialized_section
 from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
+from sharderd.shard.serialize import Serialized
+from sharderd.shard.serialize_file import serialize_file
 
 __all__ = ["JobFailed", "JobResult", "JobSpec", "shard_job", "write_report"]
 
@@ -97,18 +101,27 @@ async def shard_job(
         "backend.selected",
         {"backend": backend, "requested": spec.search.backend, "target": target.name},
     )
+    model_path = spec.model
+    serialized: tuple[Serialized, ...] = ()
+    if config.plan.serialize:
+        try:
+            model_path, serialized = serialize_file(
+                spec.model, config.plan, target, workdir / "serialized"
+            )
+        except SharderdError as err:
+            raise JobFailed(err, None) from None
     session: PlanSession
     if spec.isolate_planning:
         try:
             session = await WorkerSession.start(
-                spec.model, config.plan, target, stderr_path=workdir / "planworker.stderr", env=env
+                model_path, config.plan, target, stderr_path=workdir / "planworker.stderr", env=env
             )
         except OSError as exc:
             raise JobFailed(
                 SharderdError(f"cannot start the planning worker: {exc}"), None
             ) from None
     else:
-        session = LocalSession(PlanService(spec.model, config.plan, target))
+        session = LocalSession(PlanService(model_path, config.plan, target))
     summary: dict[str, Any] | None = None
     attempts: list[dict[str, Any]] = []
 
@@ -204,6 +217,9 @@ async def shard_job(
         "report_html": "report.html",
         **extra.pop("outputs", {}),
     }
+    if serialized:
+        stages = piece_stages(final.files.model)
+        extra["serialized"] = serialized_section(serialized, stages)
     report = report_dict(
         model=summary["model"],
         warnings=summary["warnings"],
@@ -237,6 +253,14 @@ async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult
     elif artifact is not None and artifact.is_dir():  # onnxruntime's per-stage models
         shutil.copytree(artifact, spec.out_dir / artifact.name, dirs_exist_ok=True)
     return final
+
+
+def piece_stages(model_path: Path) -> dict[str, int]:
+    """Node name → ``__pipeline_stage`` of the written model (read without its weights)."""
+    model = onnx.load(model_path, load_external_data=False)
+    return {
+        n.name: a.i for n in model.graph.node for a in n.attribute if a.name == "__pipeline_stage"
+    }
 
 
 def _extra(proven: ProveResult) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from sharderd import __version__
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.types import Plan
 from sharderd.shard.annotate import RoutedInput
+from sharderd.shard.serialize import Serialized
 from sharderd.target import Target
 
 __all__ = ["SCHEMA", "model_facts", "nodes_phrase", "plan_section", "report_dict", "target_facts"]
@@ -163,3 +164,20 @@ def report_dict(
     if extra:
         report.update(extra)
     return report
+
+
+def serialized_section(
+    records: Sequence[Serialized], stages: Mapping[str, int]
+) -> list[dict[str, Any]]:
+    """``report["serialized"]``: each node rewritten into pieces, and the stage of each piece."""
+    return [
+        {
+            "node": r.node,
+            "op": r.op,
+            "kind": r.kind,
+            "pieces": r.pieces,
+            "piece_nodes": list(r.piece_nodes),
+            "stages": [stages.get(n) for n in r.piece_nodes],
+        }
+        for r in records
+    ]

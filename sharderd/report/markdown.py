@@ -120,6 +120,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     ]
     if model["renamed_nodes"]:
         lines.append(f"- renamed {model['renamed_nodes']} node(s) to `<OpType>_<k>` (--name-nodes)")
+    for s in report.get("serialized") or ():
+        lines.append(
+            f"- serialized `{s['node']}` ({s['op']}, too big for one device) into {s['pieces']} "
+            f"pieces by {s['kind']}, on stages {sorted(set(x for x in s['stages'] if x is not None))}"
+        )
     if plan is not None:
         lines += [
             "",

@@ -1,0 +1,323 @@
+"""Rewrite one node too large for a device into k pieces that are ordinary nodes afterwards.
+
+- **rows** (``Gather`` over an initializer table, axis 0, an embedding): piece i holds rows
+  ``[lo, hi)`` of the table plus one zero row. Its indices are normalised (``Mod`` by the vocabulary,
+  so negative indices count from the end as Gather allows), shifted by ``-lo``, and those outside
+  ``[0, hi - lo)`` are sent to the zero row (``Where``); the partial lookups add up (``Sum``) to the
+  original output, exactly: every index hits one piece, the others contribute zeros.
+- **columns** (``MatMul`` with a 2-D initializer weight, or ``Gemm`` with one): piece i multiplies
+  by columns ``[lo, hi)`` of the weight (rows when ``transB``; the bias sliced the same way when it
+  has the output's width) and the pieces' outputs are concatenated on the last axis (``Concat``).
+
+Weights are read through ``numpy.memmap`` of the original external data file (or from the inline
+tensor) and written a bounded chunk at a time, so a table larger than memory is never loaded at
+once. Pieces over ``inline_limit`` bytes go to an external data file; smaller ones stay inline.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = [
+    "SerializeError",
+    "Serialized",
+    "WeightRows",
+    "serialize_node",
+    "splittable",
+    "weight_view",
+]
+
+_CHUNK_BYTES = 1 << 26
+"""Bytes copied per write when a piece is streamed to its data file (bounds peak memory)."""
+
+
+class SerializeError(ValueError):
+    """The node is not one this module can split (op, axis, or weight not a constant)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Serialized:
+    """What one rewrite did, for the report."""
+
+    node: str
+    op: str
+    kind: Literal["rows", "columns"]
+    pieces: int
+    piece_nodes: tuple[str, ...]
+    """Names of the nodes that hold a slice of the weight (one per piece)."""
+
+
+def _initializers(model: onnx.ModelProto) -> dict[str, TensorProto]:
+    return {t.name: t for t in model.graph.initializer}
+
+
+def splittable(model: onnx.ModelProto, node: onnx.NodeProto) -> Literal["rows", "columns"] | None:
+    """The kind of rewrite ``serialize_node`` can apply to ``node``, or None."""
+    inits = _initializers(model)
+    if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in inits:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        dims = inits[node.input[0]].dims
+        if axis in (0, -len(dims)) and len(dims) >= 1 and dims[0] >= 2:
+            return "rows"
+    if node.op_type in ("MatMul", "Gemm") and len(node.input) >= 2 and node.input[1] in inits:
+        dims = inits[node.input[1]].dims
+        if len(dims) == 2 and min(dims) >= 2:
+            bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 else ""
+            return "columns" if not bias or bias in inits else None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class WeightRows:
+    """Rows of a weight, read on demand: a memmap of just those rows of the external data file
+    (unmapped once copied, so the pages never pile up in memory), or slices of the inline array."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    inline: np.ndarray | None
+    file: Path | None
+    offset: int
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        if self.inline is not None:
+            return np.array(self.inline[lo:hi])
+        assert self.file is not None
+        row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        view = np.memmap(self.file, dtype=self.dtype, mode="r", offset=self.offset + lo * row_bytes,
+                         shape=(hi - lo, *self.shape[1:]))  # fmt: skip
+        copied = np.array(view)
+        del view
+        return copied
+
+
+def weight_view(tensor: TensorProto, base_dir: Path) -> WeightRows:
+    """The tensor's values, by rows: from its external data file, or the inline array."""
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    shape = tuple(int(d) for d in tensor.dims)
+    if tensor.data_location != TensorProto.EXTERNAL:
+        return WeightRows(shape, dtype, numpy_helper.to_array(tensor), None, 0)
+    info = {e.key: e.value for e in tensor.external_data}
+    return WeightRows(shape, dtype, None, base_dir / info["location"], int(info.get("offset", 0)))
+
+
+def _bounds(size: int, pieces: int) -> list[tuple[int, int]]:
+    """``pieces`` contiguous ranges covering ``[0, size)``, sizes differing by at most one."""
+    edges = [size * i // pieces for i in range(pieces + 1)]
+    return list(itertools.pairwise(edges))
+
+
+class _Sink:
+    """Where piece tensors go: inline below ``inline_limit``, else appended to one data file."""
+
+    def __init__(self, data_path: Path | None, inline_limit: int) -> None:
+        self.data_path, self.inline_limit, self.offset = data_path, inline_limit, 0
+
+    def tensor(
+        self, name: str, shape: tuple[int, ...], dtype: np.dtype, chunks: Iterator[np.ndarray]
+    ) -> TensorProto:
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if self.data_path is None or nbytes <= self.inline_limit:
+            array = np.concatenate(list(chunks), axis=0).reshape(shape)
+            return numpy_helper.from_array(np.ascontiguousarray(array), name)
+        start = -(-self.offset // 4096) * 4096
+        with open(self.data_path, "r+b" if self.offset else "wb") as f:
+            f.seek(start)
+            for chunk in chunks:
+                f.write(np.ascontiguousarray(chunk).tobytes())
+        self.offset = start + nbytes
+        out = TensorProto(
+            name=name, dims=list(shape), data_type=helper.np_dtype_to_tensor_dtype(dtype)
+        )
+        out.data_location = TensorProto.EXTERNAL
+        for key, value in (
+            ("location", self.data_path.name),
+            ("offset", start),
+            ("length", nbytes),
+        ):
+            out.external_data.add(key=key, value=str(value))
+        return out
+
+
+def _row_chunks(
+    source: WeightRows, rows: range, cols: slice, extra_zero_row: bool
+) -> Iterator[np.ndarray]:
+    """``source[rows, cols]`` a bounded number of rows at a time (plus a zero row if asked)."""
+    row_bytes = int(np.prod(source.shape[1:], dtype=np.int64)) * source.dtype.itemsize
+    step = max(1, _CHUNK_BYTES // max(1, row_bytes))
+    for lo in range(rows.start, rows.stop, step):
+        chunk = source.rows(lo, min(lo + step, rows.stop))
+        yield np.ascontiguousarray(chunk[:, cols]) if chunk.ndim > 1 else chunk
+    if extra_zero_row:
+        zero = np.zeros((1, *source.shape[1:]), dtype=source.dtype)
+        yield zero[:, cols] if zero.ndim > 1 else zero
+
+
+def serialize_node(
+    model: onnx.ModelProto,
+    node_name: str,
+    pieces: int,
+    *,
+    base_dir: Path,
+    data_path: Path | None = None,
+    inline_limit: int = 1 << 20,
+) -> tuple[onnx.ModelProto, Serialized]:
+    """A copy of ``model`` with node ``node_name`` rewritten into ``pieces`` pieces (see module doc).
+
+    ``base_dir`` is where the model's external data lives; ``data_path`` the file the sliced weights
+    over ``inline_limit`` bytes are written to (None: all inline). The original weight is dropped
+    when no other node uses it.
+    """
+    out = copy.deepcopy(model)
+    position = next((i for i, n in enumerate(out.graph.node) if n.name == node_name), None)
+    if position is None:
+        raise SerializeError(f"no node named {node_name!r}")
+    node = out.graph.node[position]
+    kind = splittable(out, node)
+    if kind is None:
+        raise SerializeError(f"node {node_name!r} ({node.op_type}) cannot be serialized")
+    weight = _initializers(out)[node.input[0] if kind == "rows" else node.input[1]]
+    size = weight.dims[0] if kind == "rows" or trans_b(node) else weight.dims[1]
+    if not 2 <= pieces <= size:
+        raise SerializeError(f"cannot split {size} {kind} into {pieces} pieces")
+    sink = _Sink(data_path, inline_limit)
+    build = _rows if kind == "rows" else _columns
+    nodes, inits, piece_nodes = build(out, node, weight, _bounds(size, pieces), sink, base_dir)
+    del out.graph.node[position]
+    for offset, new in enumerate(nodes):
+        out.graph.node.insert(position + offset, new)
+    out.graph.initializer.extend(inits)
+    used = {name for n in out.graph.node for name in n.input}
+    if weight.name not in used:
+        out.graph.initializer.remove(weight)
+    return out, Serialized(node_name, node.op_type, kind, pieces, tuple(piece_nodes))
+
+
+_Pieces = tuple[list[onnx.NodeProto], list[TensorProto], list[str]]
+"""The nodes replacing the original, the new initializers, the names of the weight-holding nodes."""
+
+
+def trans_b(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
+
+
+def _scalar(name: str, value: int, like: TensorProto | int) -> TensorProto:
+    dtype = like if isinstance(like, int) else like.data_type
+    return helper.make_tensor(name, dtype, [], [value])
+
+
+def _rows(
+    model: onnx.ModelProto,
+    node: onnx.NodeProto,
+    table: TensorProto,
+    bounds: list[tuple[int, int]],
+    sink: _Sink,
+    base_dir: Path,
+) -> _Pieces:
+    name, (_, indices), output = node.name, node.input, node.output[0]
+    source = weight_view(table, base_dir)
+    index_type = _index_type(model, indices)
+    vocab = f"{name}/serialize/vocab"
+    inits = [_scalar(vocab, int(table.dims[0]), index_type)]
+    normal = f"{name}/serialize/indices"
+    nodes = [helper.make_node("Mod", [indices, vocab], [normal], name=f"{name}/serialize/Mod")]
+    partials, piece_nodes = [], []
+    for i, (lo, hi) in enumerate(bounds):
+        p = f"{name}/piece{i}"
+        cols = slice(None)
+        inits.append(sink.tensor(f"{table.name}/rows{lo}_{hi}", (hi - lo + 1, *source.shape[1:]), source.dtype,
+                                 _row_chunks(source, range(lo, hi), cols, extra_zero_row=True)))  # fmt: skip
+        inits += [_scalar(f"{p}/lo", lo, index_type), _scalar(f"{p}/size", hi - lo, index_type),
+                  _scalar(f"{p}/zero", 0, index_type)]  # fmt: skip
+        nodes += [
+            helper.make_node("Sub", [normal, f"{p}/lo"], [f"{p}/shifted"], name=f"{p}/Sub"),
+            helper.make_node("Less", [f"{p}/shifted", f"{p}/zero"], [f"{p}/below"], name=f"{p}/Less"),
+            helper.make_node("Less", [f"{p}/shifted", f"{p}/size"], [f"{p}/under"], name=f"{p}/LessSize"),
+            helper.make_node("Not", [f"{p}/below"], [f"{p}/above"], name=f"{p}/Not"),
+            helper.make_node("And", [f"{p}/above", f"{p}/under"], [f"{p}/inside"], name=f"{p}/And"),
+            helper.make_node("Where", [f"{p}/inside", f"{p}/shifted", f"{p}/size"], [f"{p}/local"], name=f"{p}/Where"),
+            helper.make_node("Gather", [inits[-4].name, f"{p}/local"], [f"{p}/rows"], name=f"{p}/Gather", axis=0),
+        ]  # fmt: skip
+        partials.append(f"{p}/rows")
+        piece_nodes.append(f"{p}/Gather")
+    nodes.append(helper.make_node("Sum", partials, [output], name=f"{name}/serialize/Sum"))
+    return nodes, inits, piece_nodes
+
+
+def _index_type(model: onnx.ModelProto, indices: str) -> int:
+    """The element type of ``indices`` (int64 unless the graph says int32)."""
+    for vi in (*model.graph.input, *model.graph.value_info, *model.graph.output):
+        if vi.name == indices and vi.type.tensor_type.elem_type:
+            return int(vi.type.tensor_type.elem_type)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    for vi in inferred.graph.value_info:
+        if vi.name == indices and vi.type.tensor_type.elem_type:
+            return int(vi.type.tensor_type.elem_type)
+    return TensorProto.INT64
+
+
+def _columns(
+    model: onnx.ModelProto,
+    node: onnx.NodeProto,
+    weight: TensorProto,
+    bounds: list[tuple[int, int]],
+    sink: _Sink,
+    base_dir: Path,
+) -> _Pieces:
+    name, output = node.name, node.output[0]
+    trans = trans_b(node)
+    source = weight_view(weight, base_dir)
+    inits_by_name = _initializers(model)
+    bias = (
+        inits_by_name.get(node.input[2]) if node.op_type == "Gemm" and len(node.input) > 2 else None
+    )
+    bias_values = None
+    if bias is not None:
+        whole = weight_view(bias, base_dir)
+        bias_values = whole.rows(0, whole.shape[0]) if whole.shape else np.array(whole.inline)
+    width = source.shape[0] if trans else source.shape[1]
+    nodes, inits, outs, piece_nodes = [], [], [], []
+    for i, (lo, hi) in enumerate(bounds):
+        p = f"{name}/piece{i}"
+        if trans:
+            chunks = _row_chunks(source, range(lo, hi), slice(None), extra_zero_row=False)
+            shape = (hi - lo, source.shape[1])
+        else:
+            chunks = _row_chunks(
+                source, range(0, source.shape[0]), slice(lo, hi), extra_zero_row=False
+            )
+            shape = (source.shape[0], hi - lo)
+        piece_weight = sink.tensor(f"{weight.name}/cols{lo}_{hi}", shape, source.dtype, chunks)
+        inits.append(piece_weight)
+        inputs = [node.input[0], piece_weight.name]
+        if bias is not None and bias_values is not None:
+            if bias_values.ndim >= 1 and bias_values.shape[-1] == width and width > 1:
+                piece_bias = numpy_helper.from_array(
+                    np.ascontiguousarray(bias_values[..., lo:hi]), f"{bias.name}/cols{lo}_{hi}"
+                )
+                inits.append(piece_bias)
+                inputs.append(piece_bias.name)
+            else:
+                inputs.append(node.input[2])
+        new = helper.make_node(node.op_type, inputs, [f"{p}/out"], name=f"{p}/{node.op_type}")
+        new.attribute.extend(node.attribute)
+        nodes.append(new)
+        outs.append(f"{p}/out")
+        piece_nodes.append(new.name)
+    nodes.append(
+        helper.make_node("Concat", outs, [output], name=f"{name}/serialize/Concat", axis=-1)
+    )
+    return nodes, inits, piece_nodes
+
+
+def data_file_for(model_path: Path) -> Path:
+    """The data file sliced weights are written to, next to the model."""
+    return model_path.with_name(f"{model_path.stem}.serialized.data")

@@ -1,0 +1,85 @@
+"""Serialize a model file's too-big nodes before planning: the one change to the user's graph.
+
+``serialize_file`` reads the model without its weights (no analysis: the splittable nodes' weights
+are their initializer inputs, so a model with none too big costs one load), asks ``plan.serialize_choice`` which nodes
+no split can hold whole, rewrites each with ``shard.serialize`` and writes the result under a work
+directory, next to links to the original external data (never copies). With nothing to serialize
+it returns the original path and no records.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from sharderd.config import Config, PlanConfig
+from sharderd.graph.load import load_model
+from sharderd.plan.serialize_choice import choose_pieces
+from sharderd.shard.serialize import Serialized, serialize_node, splittable, trans_b
+from sharderd.shard.write import copy_external_data, write_model
+from sharderd.target import Target
+
+__all__ = ["serialize_file", "serialized_for_plan"]
+
+
+def serialize_file(
+    path: Path, config: PlanConfig, target: Target, work_dir: Path
+) -> tuple[Path, tuple[Serialized, ...]]:
+    """The path to plan (the serialized copy, or ``path`` itself) and what was serialized."""
+    loaded = load_model(path)
+    model = loaded.model
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes = list(model.graph.node)
+    per_node = np.zeros(len(nodes))
+    limits = np.zeros(len(nodes), dtype=np.int64)
+    for i, node in enumerate(nodes):
+        kind = splittable(model, node)
+        if kind is not None:
+            names = [n for n in node.input if n in inits]
+            per_node[i] = sum(_planned_bytes(inits[n], config) for n in names)
+            weight = inits[_weight_input(node, kind)]
+            limits[i] = weight.dims[0] if kind == "rows" or trans_b(node) else weight.dims[1]
+    chosen = choose_pieces(per_node, limits, float(target.memory_bytes))
+    if not chosen:
+        return path, ()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    copy_external_data(loaded.external_files, path.parent, work_dir, link=True)
+    done = []
+    for n, (i, pieces) in enumerate(sorted(chosen.items())):
+        data = work_dir / f"{path.stem}.serialized{n}.data"
+        model, record = serialize_node(
+            model, nodes[i].name, pieces, base_dir=path.parent, data_path=data
+        )
+        done.append(record)
+    out = work_dir / f"{path.stem}.serialized.onnx"
+    write_model(model, out)
+    return out, tuple(done)
+
+
+def _planned_bytes(tensor: onnx.TensorProto, config: PlanConfig) -> float:
+    """The tensor's bytes at the planned precision (an fp32 weight is halved at ``fp16``)."""
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    half = config.precision == "fp16" and dtype == np.float32
+    return float(np.prod(tensor.dims, dtype=np.float64)) * (2 if half else dtype.itemsize)
+
+
+def _weight_input(node: onnx.NodeProto, kind: str) -> str:
+    return str(node.input[0] if kind == "rows" else node.input[1])
+
+
+@contextmanager
+def serialized_for_plan(
+    path: Path, config: Config, target_name: str | None
+) -> Iterator[tuple[Path, tuple[Serialized, ...]]]:
+    """``serialize_file`` into a temporary directory (``sharderd plan``, which writes nothing),
+    or ``path`` itself when ``[plan] serialize`` is off."""
+    if not config.plan.serialize:
+        yield path, ()
+        return
+    with tempfile.TemporaryDirectory(prefix="sharderd-serialize-") as tmp:
+        yield serialize_file(path, config.plan, config.target(target_name), Path(tmp))
