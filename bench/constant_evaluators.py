@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import onnxruntime as ort
+from shape_engines import fixed_inputs
 
 from sharderd.graph.evaluate import (
     _NOT_EVALUATED,
@@ -33,9 +34,8 @@ from sharderd.graph.evaluate import (
     constant_values,
     with_values,
 )
-from sharderd.graph.input_dims import fix_input_dims, graph_inputs
 from sharderd.graph.load import load_model
-from sharderd.graph.propagate import TensorType, inference_copy, propagate_shapes
+from sharderd.graph.propagate import TensorType, propagate_shapes
 from sharderd.graph.tensors import tensor_nbytes
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "models"
@@ -49,19 +49,6 @@ NAMES = [
     "bert_encoder",
     "tiny_mobilenet_v2",
 ]
-
-
-def _fixed(model: onnx.ModelProto, shapes: Mapping[str, list[int]]) -> onnx.ModelProto:
-    light = inference_copy(model)
-    real = {v.name for v in graph_inputs(model.graph)}
-    fix_input_dims(
-        light.graph,
-        batch_size=1,
-        dims={},
-        input_shapes={k: tuple(v) for k, v in shapes.items()},
-        only=real,
-    )
-    return light
 
 
 def _unknown(graph: onnx.GraphProto, types: Mapping[str, TensorType]) -> int:
@@ -173,7 +160,7 @@ def row(name: str, entry: Mapping[str, object]) -> str:
     """One table row: both evaluators on one export."""
     shapes = entry["ort_input_shapes"]
     assert isinstance(shapes, dict)
-    light = _fixed(load_model(DATA / str(entry["path"])).model, shapes)
+    light = fixed_inputs(load_model(DATA / str(entry["path"])).model, shapes)
     first = propagate_shapes(light)
     opset = _opset(light)
     ref = constant_values(light.graph, first.types, opset)

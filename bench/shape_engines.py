@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import onnx
@@ -29,7 +30,8 @@ from sharderd.graph.propagate import (
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "models"
 
 
-def _fixed(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto:
+def fixed_inputs(model: onnx.ModelProto, shapes: Mapping[str, list[int]]) -> onnx.ModelProto:
+    """A shape-inference copy of ``model`` with its real inputs fixed to ``shapes`` (batch 1)."""
     light = inference_copy(model)
     real = {v.name for v in graph_inputs(model.graph)}
     fix_input_dims(
@@ -59,14 +61,14 @@ def _median_s(fn, runs: int = 5) -> float:
 def main() -> None:
     manifest = json.loads((DATA / "manifest.json").read_text())
     propagate_shapes(
-        _fixed(
+        fixed_inputs(
             load_model(DATA / "tiny_vit" / "model.onnx").model, {"pixel_values": [1, 3, 224, 224]}
         )
     )
     rows = []
     for name, entry in manifest.items():
         model = load_model(DATA / entry["path"]).model
-        light = _fixed(model, entry["ort_input_shapes"])
+        light = fixed_inputs(model, entry["ort_input_shapes"])
         onnx_types = collect_types(_onnx_inference(light).graph)
         ssi = propagate_shapes(light)
         rows.append(
