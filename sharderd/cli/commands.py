@@ -95,10 +95,9 @@ def _cmd_shard(args: argparse.Namespace) -> int:
         try:
             result = anyio.run(partial(run_local, spec, emit=emit))
         except JobFailed as failed:
-            if failed.report is not None and failed.report.get("attempts"):
-                print(
-                    f"sharderd: report of the failed attempts: {out_dir}/report.md", file=sys.stderr
-                )
+            if failed.report is not None:
+                what = "the failed attempts" if failed.report.get("attempts") else "the failed job"
+                print(f"sharderd: report of {what}: {out_dir}/report.md", file=sys.stderr)
             raise failed.error from None
     if args.json:
         print(json.dumps(result.report, indent=1))

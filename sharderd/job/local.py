@@ -18,14 +18,14 @@ async def run_local(spec: JobSpec, *, emit: Emit) -> JobResult:
     """Run ``spec`` with its own attempt pool, in a temporary attempts folder removed after.
 
     Raises:
-        JobFailed: the job's error and its partial report; when attempts ran, that report is
-            already written to ``spec.out_dir`` (``failed.report["attempts"]`` is then not empty).
+        JobFailed: the job's error and its partial report; when there is one (the model was
+            read), it is already written to ``spec.out_dir`` with its verdict and any attempts.
     """
     pool = AttemptPool(spec.search.parallel, ipus=IpuPool.of_setting(spec.config.poprt.ipus))
     with tempfile.TemporaryDirectory(prefix="sharderd-attempts-") as work:
         try:
             return await shard_job(spec, pool=pool, workdir=Path(work), emit=emit)
         except JobFailed as failed:
-            if failed.report is not None and failed.report.get("attempts"):
+            if failed.report is not None:
                 write_report(failed.report, spec.out_dir)
             raise

@@ -306,7 +306,8 @@ def test_cli_exit_3_when_the_model_does_not_fit(
     model_path: Callable[..., Path], tmp_path: Path, run_cli: Run
 ) -> None:
     """`sharderd shard` where the weights alone exceed the devices exits 3, says why on stderr, and
-    writes no model; where only the estimate does, it exits 5 and says it is not proven."""
+    writes no model; where only the estimate does, it exits 5 and says it is not proven. Either way
+    report.json in the output folder records the verdict and the error."""
     for memory, code, opening in (
         (_WEIGHTS_OVER_TWO, EXIT_DOES_NOT_FIT, "the model does not fit on 2 × tiny"),
         (_TINY, EXIT_NOT_PROVEN, "no fitting split found on 2 × tiny (not proven)"),
@@ -329,7 +330,11 @@ def test_cli_exit_3_when_the_model_does_not_fit(
         assert proc.returncode == code, proc.stderr
         block = _error_block(proc.stderr)
         assert block.startswith(opening) and "--devices" in block
-        assert not out.exists() or not any(out.glob("*.sharded.onnx"))
+        assert not any(out.glob("*.sharded.onnx"))
+        report = json.loads((out / "report.json").read_text())
+        assert report["verdict"]["proven"] is (code == EXIT_DOES_NOT_FIT)
+        assert report["error"]["message"].startswith(opening)
+        assert f"{out}/report.md" in proc.stderr
 
 
 # --- the command-line contract --------------------------------------------------------------------------
