@@ -6,6 +6,7 @@ The CLI's ``shard`` and every daemon job run exactly this. Expected failures rai
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections.abc import Mapping
@@ -148,6 +149,8 @@ async def shard_job(
             {"model": str(spec.model), "devices": spec.devices, "target": target.name},
         )
         summary = await session.summary()
+        if serialized:
+            summary = _as_given(summary, spec.model)
         if backend == "none":
             request = PlanRequest(spec.devices, config.plan.safety_margin, stem=spec.stem)
             planned = await session.plan(request)
@@ -235,6 +238,14 @@ async def shard_job(
     )
     write_report(report, spec.out_dir)
     return JobResult(report, spec.out_dir, status)
+
+
+def _as_given(summary: dict[str, Any], given: Path) -> dict[str, Any]:
+    """The summary of a serialized copy, named as the user's own file (path, name, sha256): the
+    report is about the model the user gave; its counts stay those of the graph that was planned."""
+    digest = hashlib.sha256(given.read_bytes()).hexdigest()
+    model = {**summary["model"], "path": str(given), "name": given.name, "sha256": digest}
+    return {**summary, "model": model}
 
 
 async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult) -> Planned:

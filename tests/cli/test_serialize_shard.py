@@ -3,6 +3,7 @@ serialized, verified by onnxruntime against the original file; ``--no-serialize`
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -31,6 +32,8 @@ def test_big_embedding_shards_serialized_and_is_proven_too_big_without(tmp_path:
     assert cli_main([*common, "-o", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["verification"]["passed"] is True
+    assert report["model"]["name"] == "big.onnx"  # the user's file, not the serialized copy
+    assert report["model"]["sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
     [serialized] = report["serialized"]
     assert (serialized["node"], serialized["kind"], serialized["pieces"]) == (
         "/embed/Gather",
