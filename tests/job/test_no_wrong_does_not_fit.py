@@ -29,6 +29,7 @@ from job.test_prove import CONFIG, FAKE, TILES, report, shard
 from onnx import helper
 
 from sharderd import examples
+from sharderd.errors import GROUNDS
 
 TILE_BYTES = 638976
 DEFAULT_AMP = 0.6
@@ -226,8 +227,8 @@ def test_exit_3_only_where_no_witness_fits(
         devices, (DEFAULT_AMP, *fallbacks), monkeypatch
     )
     assert witness is None, f"exit 3, yet this split compiles in the fake at AMP {witness[0]}"
-    if (out / "report.json").exists():  # written when a compile ran (a probe's proof)
-        assert report(out)["verdict"] == {"proven": True, "grounds": "probe"}
+    verdict = report(out)["verdict"]
+    assert verdict["proven"] is True and verdict["grounds"] in GROUNDS
 
 
 def test_the_witness_finds_the_split_the_issue_found(
