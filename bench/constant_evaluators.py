@@ -15,17 +15,15 @@ includes extraction and the session. Times are the median of 5 runs in this proc
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx.numpy_helper
 import onnxruntime as ort
-from shape_engines import fixed_inputs
+from shape_engines import fixed_inputs, median_s
 
 from sharderd.graph.evaluate import (
     _NOT_EVALUATED,
@@ -139,15 +137,6 @@ def ort_constant_values(
     }
 
 
-def _median_s(fn: Callable[[], object], runs: int = 5) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def _after(light: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> int:
     again = propagate_shapes(with_values(light, values))
     types = dict(again.types)
@@ -164,10 +153,10 @@ def row(name: str, entry: Mapping[str, object]) -> str:
     first = propagate_shapes(light)
     opset = _opset(light)
     ref = constant_values(light.graph, first.types, opset)
-    ref_s = _median_s(lambda: constant_values(light.graph, first.types, opset))
+    ref_s = median_s(lambda: constant_values(light.graph, first.types, opset))
     try:
         onx = ort_constant_values(light, first.types)
-        ort_s = _median_s(lambda: ort_constant_values(light, first.types))
+        ort_s = median_s(lambda: ort_constant_values(light, first.types))
     except Exception as error:  # a failure is a measurement too
         ort_cell = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:80]}"
     else:

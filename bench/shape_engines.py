@@ -49,7 +49,7 @@ def _unknown(model: onnx.ModelProto, types: dict) -> int:
     return sum(1 for name in produced if name not in types or types[name].shape is None)
 
 
-def _median_s(fn, runs: int = 5) -> float:
+def median_s(fn, runs: int = 5) -> float:
     times = []
     for _ in range(runs):
         started = time.perf_counter()
@@ -77,8 +77,8 @@ def main() -> None:
                 len(model.graph.node),
                 _unknown(model, onnx_types),
                 _unknown(model, ssi.types),
-                _median_s(lambda light=light: _onnx_inference(light)),
-                _median_s(lambda light=light: propagate_shapes(light)),
+                median_s(lambda light=light: _onnx_inference(light)),
+                median_s(lambda light=light: propagate_shapes(light)),
                 ssi.engine,
             )
         )
