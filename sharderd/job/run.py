@@ -243,7 +243,8 @@ async def shard_job(
 def _as_given(summary: dict[str, Any], given: Path) -> dict[str, Any]:
     """The summary of a serialized copy, named as the user's own file (path, name, sha256): the
     report is about the model the user gave; its counts stay those of the graph that was planned."""
-    digest = hashlib.sha256(given.read_bytes()).hexdigest()
+    with given.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
     model = {**summary["model"], "path": str(given), "name": given.name, "sha256": digest}
     return {**summary, "model": model}
 
