@@ -32,7 +32,10 @@ REPO = Path(__file__).resolve().parent.parent
 FAKE_POPRT = REPO / "tests" / "fake_poprt"
 WORKER_RESOURCE = "sharderd_test_worker"
 """Only worker nodes have it, so attempts asking for it never run on the head."""
-_RAY = str(Path(sys.executable).with_name("ray"))
+_BESIDE = Path(sys.executable).with_name("ray")
+_RAY = str(_BESIDE) if _BESIDE.exists() else (shutil.which("ray") or str(_BESIDE))
+"""Ray's CLI of this interpreter; a venv made with --system-site-packages has none beside its
+python, so the one on PATH."""
 _KEEP_LOOPBACK = (
     "import sys; import ray._private.services as s; s.resolve_ip_for_localhost = lambda host: host; "
     "from ray.scripts.scripts import main; sys.argv[0] = 'ray'; sys.exit(main())"
