@@ -24,7 +24,13 @@ __all__ = ["main"]
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from sharderd.engine import analyze_file, make_plan
-    from sharderd.report.build import model_facts, plan_section, report_dict, serialized_section
+    from sharderd.report.build import (
+        as_given,
+        model_facts,
+        plan_section,
+        report_dict,
+        serialized_section,
+    )
     from sharderd.report.markdown import render_markdown
     from sharderd.shard.serialize_file import serialized_for_plan
 
@@ -36,9 +42,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     analyzed = time.perf_counter()
     plan = make_plan(analysis, target, args.devices, config.plan)
     stage_of = dict(zip(analysis.flow.node_names, map(int, plan.assignment), strict=True))
+    model = model_facts(analysis)
+    if serialized:  # the report names the user's file, not the temporary serialized copy
+        model = as_given(model, args.model)
     report = report_dict(
         timings_s={"load_and_analyze": analyzed - started, "plan": time.perf_counter() - analyzed},
-        model=model_facts(analysis),
+        model=model,
         warnings=analysis.warnings,
         target=target,
         plan=plan_section(plan, config.plan.batch_size),

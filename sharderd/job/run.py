@@ -6,7 +6,6 @@ The CLI's ``shard`` and every daemon job run exactly this. Expected failures rai
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from collections.abc import Mapping
@@ -31,7 +30,7 @@ from sharderd.job.session import (
     WorkerSession,
 )
 from sharderd.report.attempts import attempt_dict
-from sharderd.report.build import plan_section, report_dict, serialized_section
+from sharderd.report.build import as_given, plan_section, report_dict, serialized_section
 from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
 from sharderd.shard.serialize import Serialized
@@ -150,7 +149,7 @@ async def shard_job(
         )
         summary = await session.summary()
         if serialized:
-            summary = _as_given(summary, spec.model)
+            summary = {**summary, "model": as_given(summary["model"], spec.model)}
         if backend == "none":
             request = PlanRequest(spec.devices, config.plan.safety_margin, stem=spec.stem)
             planned = await session.plan(request)
@@ -238,15 +237,6 @@ async def shard_job(
     )
     write_report(report, spec.out_dir)
     return JobResult(report, spec.out_dir, status)
-
-
-def _as_given(summary: dict[str, Any], given: Path) -> dict[str, Any]:
-    """The summary of a serialized copy, named as the user's own file (path, name, sha256): the
-    report is about the model the user gave; its counts stay those of the graph that was planned."""
-    with given.open("rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-    model = {**summary["model"], "path": str(given), "name": given.name, "sha256": digest}
-    return {**summary, "model": model}
 
 
 async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult) -> Planned:

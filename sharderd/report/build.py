@@ -4,8 +4,10 @@ renderings and other tools read."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -17,7 +19,15 @@ from sharderd.shard.annotate import RoutedInput
 from sharderd.shard.serialize import Serialized
 from sharderd.target import Target
 
-__all__ = ["SCHEMA", "model_facts", "nodes_phrase", "plan_section", "report_dict", "target_facts"]
+__all__ = [
+    "SCHEMA",
+    "as_given",
+    "model_facts",
+    "nodes_phrase",
+    "plan_section",
+    "report_dict",
+    "target_facts",
+]
 
 SCHEMA = "sharderd.report/2"
 """Version 2 only adds keys to version 1 (none renamed or removed): ``model.compiled_ops``, each
@@ -35,6 +45,15 @@ def _value_info(value: onnx.ValueInfoProto) -> dict[str, Any]:
         "dtype": onnx.helper.tensor_dtype_to_string(tt.elem_type) if tt.elem_type else "unknown",
         "shape": dims,
     }
+
+
+def as_given(model: dict[str, Any], given: Path) -> dict[str, Any]:
+    """A report's ``model`` facts for a serialized copy, named as the user's own file (path, name,
+    sha256): the report is about the model the user gave; its counts stay those of the graph that
+    was planned."""
+    with given.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return {**model, "path": str(given), "name": given.name, "sha256": digest}
 
 
 def model_facts(analysis: Analysis) -> dict[str, Any]:
