@@ -137,8 +137,8 @@ def _attempt(
         name: {"shape": list(a.shape), "dtype": str(a.dtype)} for name, a in feeds.items()
     }
     reference = None
+    reference_path = Path(options.reference_model) if options.reference_model else model_path
     if options.verify:
-        reference_path = Path(options.reference_model) if options.reference_model else model_path
         reference = reference_outputs(ort, reference_path, feeds, options)
 
     env: dict[str, Any] = dict(feeds)
@@ -156,7 +156,7 @@ def _attempt(
     message = f"{len(stages)} stage session(s) built with {', '.join(options.providers)}"
     if reference is not None:
         checks = compare_outputs(reference, env, rtol=options.rtol, atol=options.atol)
-        details["verification"] = verification_details(checks, options)
+        details["verification"] = verification_details(checks, options, reference_path)
         failed = describe_failures(checks, options)
         if failed:
             raise AttemptFailure("invalid", failed, cause="verification")

@@ -121,10 +121,14 @@ def compare_outputs(
     return checks
 
 
-def verification_details(checks: Sequence[OutputCheck], options: OrtOptions) -> dict[str, Any]:
-    """The report's ``verification`` block."""
+def verification_details(
+    checks: Sequence[OutputCheck], options: OrtOptions, reference: Path
+) -> dict[str, Any]:
+    """The report's ``verification`` block; ``reference_model`` is the file the stages were checked
+    against (the user's own, also when the planned graph is a serialized copy)."""
     return {
         "passed": all(c.passed for c in checks),
+        "reference_model": str(reference),
         "rtol": options.rtol,
         "atol": options.atol,
         "outputs": {c.name: asdict(c) for c in checks},
