@@ -21,6 +21,7 @@ from sharderd.backends.registry import AttemptHosts, resolve_backend
 from sharderd.config import Config, SearchOptions
 from sharderd.errors import NoSplitError, NotProvenError, SharderdError
 from sharderd.fsutil import atomic_write
+from sharderd.job.codec import ModelSummary
 from sharderd.job.prove import Emit, Prover, ProveResult
 from sharderd.job.session import (
     LocalSession,
@@ -123,7 +124,7 @@ async def shard_job(
             ) from None
     else:
         session = LocalSession(PlanService(model_path, config.plan, target))
-    summary: dict[str, Any] | None = None
+    summary: ModelSummary | None = None
     attempts: list[dict[str, Any]] = []
 
     def partial(
@@ -132,8 +133,8 @@ async def shard_job(
         if summary is None:
             return None
         return report_dict(
-            model=summary["model"],
-            warnings=summary["warnings"],
+            model=summary.facts,
+            warnings=list(summary.warnings),
             target=target,
             plan=plan,
             batch_size=config.plan.batch_size,
@@ -192,8 +193,8 @@ async def shard_job(
                 env=env,
                 argv_prefix=argv_prefix,
                 reference_model=spec.model,
-                precision=str(summary["model"].get("precision", "fp32")),
-                input_shapes=summary["model"].get("input_shapes"),
+                precision=summary.precision,
+                input_shapes={k: list(v) for k, v in summary.input_shapes.items()},
             )
             try:
                 proven = await prover.run()
@@ -224,8 +225,8 @@ async def shard_job(
         stages = piece_stages(final.files.model)
         extra["serialized"] = serialized_section(serialized, stages)
     report = report_dict(
-        model=summary["model"],
-        warnings=summary["warnings"],
+        model=summary.facts,
+        warnings=list(summary.warnings),
         target=target,
         plan=plan_section(final.plan, config.plan.batch_size, final.files.routed),
         batch_size=config.plan.batch_size,
@@ -233,20 +234,20 @@ async def shard_job(
         backend=backend,
         attempts=attempts,
         outputs=outputs,
-        timings_s=summary.get("timings_s"),
+        timings_s={"load_and_analyze": summary.analyze_s},
         extra=extra,
     )
     write_report(report, spec.out_dir)
     return JobResult(report, spec.out_dir, status)
 
 
-def _as_given(summary: dict[str, Any], given: Path) -> dict[str, Any]:
+def _as_given(summary: ModelSummary, given: Path) -> ModelSummary:
     """The summary of a serialized copy, named as the user's own file (path, name, sha256): the
     report is about the model the user gave; its counts stay those of the graph that was planned."""
     with given.open("rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
-    model = {**summary["model"], "path": str(given), "name": given.name, "sha256": digest}
-    return {**summary, "model": model}
+    facts = {**summary.facts, "path": str(given), "name": given.name, "sha256": digest}
+    return replace(summary, facts=facts)
 
 
 async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult) -> Planned:
