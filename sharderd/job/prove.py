@@ -1,9 +1,5 @@
-"""Prove a plan by compiling it: the loop around the pure search (``plan.search``).
-
-It asks ``next_attempts`` what to compile, plans it (or the probe) in the planning session, starts
-the compile in the attempt pool when a slot is free, and feeds every planner answer and compile
-outcome back through ``learn``; ``verdict`` (via ``job.verdict.ending``) says how it ends.
-"""
+"""Prove a plan by compiling it: the loop around the pure search (``plan.search``): plan what
+``next_attempts`` asks for, compile it when a pool slot is free, feed every answer to ``learn``."""
 
 from __future__ import annotations
 
@@ -27,7 +23,7 @@ from sharderd.errors import CompileFailedError, NoSplitError, SharderdError, Ver
 from sharderd.job.attempts import AttemptRecord, ProveResult, correction
 from sharderd.job.session import PlanRequest, PlanSession, ProbeRequest
 from sharderd.job.verdict import ending, fewest_devices, probe_proof
-from sharderd.plan.observations import AttemptKey, observe, stage_views
+from sharderd.plan.observations import AttemptKey, Observation, observe, stage_views
 from sharderd.plan.search import (
     Attempt,
     Finished,
@@ -50,8 +46,6 @@ Outcomes = MemoryObjectSendStream[tuple[AttemptRecord, AttemptOutcome]]
 
 @dataclass(slots=True, kw_only=True)
 class Prover:
-    """One job's search: the pure state, the records of its compiles, and the loop."""
-
     session: PlanSession
     backend: str
     config: Config
@@ -92,8 +86,6 @@ class Prover:
         )
         self.state = SearchState(settings, plan.safety_margin)
 
-    # -- the loop --------------------------------------------------------------------------
-
     async def run(self) -> ProveResult:
         send, receive = anyio.create_memory_object_stream[tuple[AttemptRecord, AttemptOutcome]](
             math.inf
@@ -126,7 +118,8 @@ class Prover:
 
         def measured(devices: int) -> PlanRequest:
             scale = (*state.scales(), *(1.0,) * (devices - self.devices))
-            return self._request(1.0, scale, None, None, state.content(estimate=True), devices)
+            as_measured = replace(state.plan_attempt("verdict"), scale=scale)
+            return self._request(as_measured, devices=devices)
 
         return await ending(
             self.attempts,
@@ -150,28 +143,21 @@ class Prover:
             if cancel:
                 record.scope.cancel()
 
-    # -- planning ----------------------------------------------------------------------------
-
     def _request(
-        self,
-        margin: float,
-        scale: tuple[float, ...],
-        orders: tuple[str, ...] | None,
-        write_dir: str | None,
-        content: Any,
-        devices: int | None = None,
+        self, attempt: Attempt, write_dir: str | None = None, devices: int | None = None
     ) -> PlanRequest:
-        # No correction learned yet: say so (None), so the planner returns its least overfull
-        # split for a compile to decide instead of refusing without a proof.
+        """No correction learned yet is None, so the planner returns its least overfull split for
+        a compile to decide instead of refusing without a proof."""
+        scale, content = attempt.scale, attempt.content
         return PlanRequest(
             devices or self.devices,
-            margin,
+            attempt.margin,
             None if all(x == 1.0 for x in scale) else scale,
-            orders,
+            attempt.orders,
             write_dir=write_dir,
             stem=self.stem,
             measured_times=dict(self.state.measured_times or ()) or None,
-            content=None if content is None or content.identity else content,
+            content=None if content.identity else content,
         )
 
     async def _begin(self, tg: TaskGroup, attempt: Attempt, send: Outcomes) -> None:
@@ -204,22 +190,21 @@ class Prover:
             key = AttemptKey(base.key.digest, attempt.amp)
             directory = self.workdir / f"attempt-{index}"
             return replace(base, index=index, label=attempt.label, key=key, directory=directory)
-        margin, scale, orders = attempt.margin, attempt.scale, attempt.orders
-        dry = await self.session.plan(self._request(margin, scale, orders, None, attempt.content))
+        dry = await self.session.plan(self._request(attempt))
         key = AttemptKey(dry.plan.digest, attempt.amp)
         if not worth_compiling(self.state, attempt, key, dry.plan.bottleneck_s):
             return None
         directory = self._fresh(index)
-        request = self._request(margin, scale, orders, str(directory), attempt.content)
+        request = self._request(attempt, str(directory))
         planned = await self.session.plan(request)
         assert planned.files is not None
         record = AttemptRecord(
             index=index,
             label=attempt.label,
             key=AttemptKey(planned.plan.digest, attempt.amp),
-            margin=margin,
-            scale=scale,
-            orders=orders,
+            margin=attempt.margin,
+            scale=attempt.scale,
+            orders=attempt.orders,
             plan=planned.plan,
             views=stage_views(planned.plan, self.target.memory_bytes),
             model=planned.files.model,
@@ -234,7 +219,7 @@ class Prover:
                 "digest": record.key.digest,
                 "bottleneck_s": record.predicted_s,
                 "ratio_to_bound": planned.plan.ratio_to_bound,
-                "memory_scale": list(scale),
+                "memory_scale": list(attempt.scale),
             },
         )
         return record
@@ -268,8 +253,6 @@ class Prover:
         if directory.exists():
             shutil.rmtree(directory)
         return directory
-
-    # -- compiles ------------------------------------------------------------------------------
 
     async def _run_one(self, record: AttemptRecord, send: Outcomes) -> None:
         probe, poprt = record.probe is not None, self.backend == "poprt"
@@ -314,19 +297,14 @@ class Prover:
                 await send.send((record, outcome))
 
     def _finish(self, record: AttemptRecord, outcome: AttemptOutcome) -> None:
-        """Turn one outcome into observations and an event for the search."""
         record.outcome = outcome
         kind, oom = outcome.outcome, outcome.oom
-        observations: tuple[Any, ...] = ()
+        observations: tuple[Observation, ...] = ()
         views = record.views
         if kind == "ok" or (kind == "oom" and oom is not None):
+            tile_bytes = self.target.bytes_per_tile
             observations = observe(
-                record.index,
-                views,
-                kind="ok" if kind == "ok" else "oom",
-                amp=record.key.amp,
-                oom=oom,
-                tile_bytes=self.target.bytes_per_tile,
+                record.index, views, kind=kind, amp=record.key.amp, oom=oom, tile_bytes=tile_bytes
             )
         fatal: SharderdError | None = None
         if record.probe is not None:  # evidence about memory, never a result
