@@ -7,7 +7,7 @@ from sharderd.plan.observations import AttemptKey
 from sharderd.plan.search import Attempt, Started, best_compiled
 
 
-def Compiled(index: int, predicted_s: float, throughput_per_s: float | None = None) -> Started:  # noqa: N802
+def Compiled(index: int, predicted_s: float, throughput_per_s: float | None = None) -> Started:
     attempt = Attempt("plan", "plan", 1.0, (1.0,), ContentCorrection(), 0.6)
     key = AttemptKey(f"d{index}", 0.6)
     return Started(index, attempt, key, predicted_s, "ok", None, throughput_per_s)
