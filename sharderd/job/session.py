@@ -35,7 +35,6 @@ from sharderd.job.codec import (
     decode_summary,
 )
 from sharderd.plan.content import ContentCorrection
-from sharderd.plan.observations import StageView
 from sharderd.report.build import model_facts
 from sharderd.target import Target
 
@@ -141,16 +140,16 @@ class PlanService:
         found = probe_target(self.analysis, self.target)
         if found is None:
             return None
+        name, view = found
         path = Path(request.write_path)
         try:
-            write_node_model(self.analysis, found.node, path)
+            write_node_model(self.analysis, view.runs[0][0], path)
         except OSError as exc:
             raise OutputWriteError(
                 f"cannot write the probe model to {path}: {exc.strerror or exc}",
                 hint="free space or fix permissions on the output folder, then retry the job",
             ) from None
-        view = StageView(0, found.predicted, ((found.node, found.node + 1),), found.code_share)
-        return Probed(found.name, found.predicted, view, path)
+        return Probed(name, view.predicted, view, path)
 
 
 class PlanSession(Protocol):

@@ -15,6 +15,7 @@ from sharderd.errors import (
 )
 from sharderd.job.attempts import AttemptRecord, ProveResult
 from sharderd.job.session import PlanRequest, PlanSession
+from sharderd.plan.oom import OomInfo
 from sharderd.plan.search import Verdict
 from sharderd.target import Target
 from sharderd.units import fmt_bytes
@@ -27,13 +28,10 @@ def probe_proof(
 ) -> PlanInfeasibleError:
     """Ground (c): one node compiled alone on one device at the lowest AMP ran out of memory."""
     oom = outcome.oom
-    worst = ""
-    if oom is not None and oom.bytes_used is not None and target.bytes_per_tile:
-        worst = f" (worst tile {fmt_bytes(oom.bytes_used)} of {fmt_bytes(oom.tile_bytes or target.bytes_per_tile)})"
     error = PlanInfeasibleError(
         f"the model does not fit on {devices} × {target.name}: {record.probe} compiled alone on one "
         f"device at available_memory_proportion {record.key.amp:g} (attempt {record.index}) ran out "
-        f"of memory{worst}, and every split holds it on some device, so no number of devices helps",
+        f"of memory{_worst_tile(oom, target)}, and every split holds it on some device, so no number of devices helps",
         grounds="probe",
         hint="reduce batch_size or the op's size, or use a target with more memory",
         device=None if oom is None else oom.device,
@@ -52,11 +50,8 @@ async def ending(
     max_attempts: int,
     fewest: Callable[[], Awaitable[int | None]],
 ) -> ProveResult:
-    """The search's result: the kept plan, else the error its verdict and attempts come to.
-
-    A proof or a fatal error is raised as it is (exit 3 only on ``errors.GROUNDS``); a settled
-    estimate or any out-of-memory outcome without a fit is exit 5, asking ``fewest`` for the
-    device count to suggest."""
+    """The kept plan, else the error: a proof or fatal error as it is (exit 3 only on
+    ``errors.GROUNDS``); a settled estimate or any out-of-memory outcome is exit 5."""
     if verdict.kept is not None:
         return ProveResult(attempts[verdict.kept], tuple(attempts))
     if verdict.error is not None:
@@ -90,7 +85,6 @@ async def _not_proven(
     max_attempts: int,
     fewest: Callable[[], Awaitable[int | None]],
 ) -> NotProvenError:
-    """What was tried, what the compiles showed, and the device count they suggest."""
     if not ooms and settled is not None:
         return NotProvenError(  # the planner's estimate, before any compile
             settled.message, hint=settled.hint, min_devices=settled.min_devices
@@ -101,9 +95,7 @@ async def _not_proven(
     )
     worst = ooms[-1]
     oom = worst.outcome.oom if worst.outcome else None
-    over = ""
-    if oom is not None and oom.bytes_used is not None and target.bytes_per_tile:
-        over = f" (worst tile {fmt_bytes(oom.bytes_used)} of {fmt_bytes(oom.tile_bytes or target.bytes_per_tile)})"
+    over = _worst_tile(oom, target)
     where = f", last on device {oom.device}{over}" if oom is not None else ""
     if worst.probe is not None:
         where = f", last {worst.probe} compiled alone on one device{over}"
@@ -130,6 +122,12 @@ async def _not_proven(
         short_bytes=None if settled is None else settled.short_bytes,
         min_devices=min_devices,
     )
+
+
+def _worst_tile(oom: OomInfo | None, target: Target) -> str:
+    if oom is None or oom.bytes_used is None or not target.bytes_per_tile:
+        return ""
+    return f" (worst tile {fmt_bytes(oom.bytes_used)} of {fmt_bytes(oom.tile_bytes or target.bytes_per_tile)})"
 
 
 async def fewest_devices(
