@@ -134,8 +134,8 @@ async def fewest_devices(
     session: PlanSession, request: Callable[[int], PlanRequest], devices: int
 ) -> int | None:
     """The fewest devices above ``devices`` on which the model as measured (``request(n)``) has a
-    split: the extra devices double until one has, then the gap halves back (more devices never
-    lose a split); None when even as many devices as the model allows have none."""
+    split: the extra devices double until one has (or the model has too few nodes for them), then
+    the gap halves back (more devices never lose a split); None when no count has one."""
 
     async def has_split(n: int) -> bool | None:  # None: more devices than the model has nodes
         try:
@@ -149,15 +149,11 @@ async def fewest_devices(
     low, step = devices, 1
     while (found := await has_split(devices + step)) is False:
         low, step = devices + step, step * 2
-    high = devices + step
-    if found is None:  # past the most devices the model allows: find that count, then try it
-        while high - low > 1:
-            mid = (low + high) // 2
-            low, high = (mid, high) if await has_split(mid) is not None else (low, mid)
-        if low == devices or not await has_split(low):
-            return None
-        high, low = low, devices
+    high = devices + step  # the first with a split lies in (low, high] if any: halve the gap
     while high - low > 1:
         mid = (low + high) // 2
-        low, high = (low, mid) if await has_split(mid) else (mid, high)
-    return high
+        if (answer := await has_split(mid)) is False:
+            low = mid
+        else:  # a split, or past the most devices: the first split is at most mid
+            high, found = mid, answer
+    return high if found else None
