@@ -69,7 +69,7 @@ class Attempt:
     amp: float
     orders: tuple[str, ...] | None = None
     of: int | None = None
-    """An AMP retry compiles this attempt's split again."""
+    """An AMP retry's attempt: its split compiled again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +109,7 @@ class Unplanned:
 class Verdict:
     kept: int | None
     error: SharderdError | None = None
-    """A fatal error or a proof (``PlanInfeasibleError``): raised as it is."""
+    """A fatal error or a proof (``PlanInfeasibleError``)."""
     settled: NoSplitError | None = None
     """The model as measured has no split: an estimate, never a proof."""
     note: str = ""
