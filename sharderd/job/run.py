@@ -175,26 +175,15 @@ async def shard_job(
             workdir.mkdir(parents=True, exist_ok=True)
             prover = Prover(
                 session=session,
+                spec=spec,
+                summary=summary,
                 backend=backend,
-                config=config,
                 target=target,
-                devices=spec.devices,
-                stem=spec.stem,
                 workdir=workdir,
                 pool=pool,
-                job_id=spec.job_id,
                 emit=emit,
-                priority=spec.priority,
-                max_attempts=spec.search.max_attempts,
-                parallel=spec.search.parallel,
-                timeout=spec.search.attempt_timeout,
-                kill_grace=spec.search.kill_grace,
-                optimal_perf=spec.search.optimal_perf,
                 env=env,
                 argv_prefix=argv_prefix,
-                reference_model=spec.model,
-                precision=summary.precision,
-                input_shapes={k: list(v) for k, v in summary.input_shapes.items()},
             )
             try:
                 proven = await prover.run()
