@@ -26,15 +26,18 @@ if TYPE_CHECKING:  # the engine (onnx) loads only where a plan is written or rea
     from sharderd.engine import ShardFiles
 
 __all__ = [
+    "ModelSummary",
     "Planned",
     "Probed",
     "decode_content",
     "decode_error",
     "decode_planned",
     "decode_probed",
+    "decode_summary",
     "encode_error",
     "encode_planned",
     "encode_probed",
+    "encode_summary",
 ]
 
 
@@ -44,6 +47,31 @@ class Planned:
 
     plan: Plan
     files: ShardFiles | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSummary:
+    """The analysed model as a job needs it: the report's model facts (built by
+    ``report.build.model_facts``), the analysis warnings, and what the compiles are fed."""
+
+    facts: Mapping[str, Any]
+    warnings: tuple[str, ...]
+    precision: str
+    input_shapes: Mapping[str, tuple[int, ...]]
+    analyze_s: float
+    """Seconds to load and analyse the model."""
+
+
+def encode_summary(summary: ModelSummary) -> dict[str, Any]:
+    return asdict(summary)
+
+
+def decode_summary(data: Mapping[str, Any]) -> ModelSummary:
+    shapes = {str(k): tuple(int(d) for d in v) for k, v in dict(data["input_shapes"]).items()}
+    warnings = tuple(str(w) for w in data["warnings"])
+    return ModelSummary(
+        dict(data["facts"]), warnings, str(data["precision"]), shapes, float(data["analyze_s"])
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from sharderd.config import PlanConfig, load_table
 from sharderd.errors import SharderdError
-from sharderd.job.codec import encode_error, encode_planned, encode_probed
+from sharderd.job.codec import encode_error, encode_planned, encode_probed, encode_summary
 from sharderd.job.session import PlanService, plan_request_from, probe_request_from
 from sharderd.target import Target
 
@@ -35,7 +35,7 @@ def main() -> int:
                 service = PlanService(Path(message["model"]), config, Target(**message["target"]))
                 result: Any = {"ready": True}
             elif message["op"] == "summary":
-                result = service.summary()
+                result = encode_summary(service.summary())
             elif message["op"] == "plan":
                 result = encode_planned(service.plan(plan_request_from(message)))
             elif message["op"] == "probe":

@@ -1,9 +1,5 @@
-"""Prove a plan by compiling it: the loop around the pure search (``plan.search``).
-
-It asks ``next_attempts`` what to compile, plans it (or the probe) in the planning session, starts
-the compile in the attempt pool when a slot is free, and feeds every planner answer and compile
-outcome back through ``learn``; ``verdict`` (via ``job.verdict.ending``) says how it ends.
-"""
+"""Prove a plan by compiling it: the loop around the pure search (``plan.search``): plan what
+``next_attempts`` asks for, compile it when a pool slot is free, feed every answer to ``learn``."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -22,12 +18,12 @@ from sharderd.backends.attempt import run_attempt
 from sharderd.backends.pool import AttemptPool
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
 from sharderd.backends.registry import attempt_options
-from sharderd.config import Config
 from sharderd.errors import CompileFailedError, NoSplitError, SharderdError, VerificationError
 from sharderd.job.attempts import AttemptRecord, ProveResult, correction
+from sharderd.job.codec import ModelSummary
 from sharderd.job.session import PlanRequest, PlanSession, ProbeRequest
 from sharderd.job.verdict import ending, fewest_devices, probe_proof
-from sharderd.plan.observations import AttemptKey, observe, stage_views
+from sharderd.plan.observations import AttemptKey, Observation, observe, stage_views
 from sharderd.plan.search import (
     Attempt,
     Finished,
@@ -42,6 +38,9 @@ from sharderd.plan.search import (
 )
 from sharderd.target import Target
 
+if TYPE_CHECKING:  # job/run.py runs the prover
+    from sharderd.job.run import JobSpec
+
 __all__ = ["AttemptRecord", "Emit", "ProveResult", "Prover"]
 
 Emit = Callable[[str, Mapping[str, Any]], None]
@@ -50,49 +49,33 @@ Outcomes = MemoryObjectSendStream[tuple[AttemptRecord, AttemptOutcome]]
 
 @dataclass(slots=True, kw_only=True)
 class Prover:
-    """One job's search: the pure state, the records of its compiles, and the loop."""
-
     session: PlanSession
+    spec: JobSpec
+    summary: ModelSummary
     backend: str
-    config: Config
     target: Target
-    devices: int
-    stem: str
     workdir: Path
     pool: AttemptPool
-    job_id: str
     emit: Emit
-    max_attempts: int
-    parallel: int
-    timeout: float
-    kill_grace: float
-    priority: int = 0
-    optimal_perf: bool = False
     env: Mapping[str, str] | None = None
     argv_prefix: list[str] | None = None
-    reference_model: Path | None = None
-    """The user's own file: the onnxruntime backend checks the stages against it."""
-    precision: str = "fp32"
-    input_shapes: Mapping[str, list[int]] | None = None
     attempts: list[AttemptRecord] = field(default_factory=list)
     state: SearchState = field(init=False)
 
     def __post_init__(self) -> None:
-        poprt, plan = self.backend == "poprt", self.config.plan
+        poprt, config, plan = self.backend == "poprt", self.spec.config, self.spec.config.plan
         settings = Settings(
-            devices=self.devices,
+            devices=self.spec.devices,
             margin=plan.safety_margin,
-            default_amp=self.config.poprt.available_memory_proportion if poprt else 0.0,
-            fallbacks=tuple(self.config.search.amp_fallbacks) if poprt else (),
-            speculative_margins=tuple(self.config.search.speculative_margins),
-            max_attempts=self.max_attempts,
-            optimal_perf=self.optimal_perf,
+            default_amp=config.poprt.available_memory_proportion if poprt else 0.0,
+            fallbacks=tuple(config.search.amp_fallbacks) if poprt else (),
+            speculative_margins=tuple(config.search.speculative_margins),
+            max_attempts=self.spec.search.max_attempts,
+            optimal_perf=self.spec.search.optimal_perf,
             calibrate=plan.cost_model == "measured" and self.backend == "onnxruntime",
             probe=poprt,
         )
         self.state = SearchState(settings, plan.safety_margin)
-
-    # -- the loop --------------------------------------------------------------------------
 
     async def run(self) -> ProveResult:
         send, receive = anyio.create_memory_object_stream[tuple[AttemptRecord, AttemptOutcome]](
@@ -125,21 +108,25 @@ class Prover:
         state = self.state
 
         def measured(devices: int) -> PlanRequest:
-            scale = (*state.scales(), *(1.0,) * (devices - self.devices))
-            return self._request(1.0, scale, None, None, state.content(estimate=True), devices)
+            scale = (*state.scales(), *(1.0,) * (devices - self.spec.devices))
+            as_measured = replace(state.plan_attempt("verdict"), scale=scale)
+            return self._request(as_measured, devices=devices)
 
         return await ending(
             self.attempts,
             wanted,
-            devices=self.devices,
+            devices=self.spec.devices,
             target=self.target,
             max_attempts=state.settings.max_attempts,
-            fewest=lambda: fewest_devices(self.session, measured, self.devices),
+            fewest=lambda: fewest_devices(self.session, measured, self.spec.devices),
         )
+
+    def _input_shapes(self) -> dict[str, list[int]]:
+        return {k: list(v) for k, v in self.summary.input_shapes.items()}
 
     def _slot_free(self) -> bool:
         running = len(self.state.running())
-        if running >= max(1, self.parallel):
+        if running >= max(1, self.spec.search.parallel):
             return False
         return not running or self.pool.busy + self.pool.waiting < self.pool.max_parallel
 
@@ -150,28 +137,21 @@ class Prover:
             if cancel:
                 record.scope.cancel()
 
-    # -- planning ----------------------------------------------------------------------------
-
     def _request(
-        self,
-        margin: float,
-        scale: tuple[float, ...],
-        orders: tuple[str, ...] | None,
-        write_dir: str | None,
-        content: Any,
-        devices: int | None = None,
+        self, attempt: Attempt, write_dir: str | None = None, devices: int | None = None
     ) -> PlanRequest:
-        # No correction learned yet: say so (None), so the planner returns its least overfull
-        # split for a compile to decide instead of refusing without a proof.
+        """No correction learned yet is None, so the planner returns its least overfull split for
+        a compile to decide instead of refusing without a proof."""
+        scale, content = attempt.scale, attempt.content
         return PlanRequest(
-            devices or self.devices,
-            margin,
+            devices or self.spec.devices,
+            attempt.margin,
             None if all(x == 1.0 for x in scale) else scale,
-            orders,
+            attempt.orders,
             write_dir=write_dir,
-            stem=self.stem,
+            stem=self.spec.stem,
             measured_times=dict(self.state.measured_times or ()) or None,
-            content=None if content is None or content.identity else content,
+            content=None if content.identity else content,
         )
 
     async def _begin(self, tg: TaskGroup, attempt: Attempt, send: Outcomes) -> None:
@@ -204,22 +184,21 @@ class Prover:
             key = AttemptKey(base.key.digest, attempt.amp)
             directory = self.workdir / f"attempt-{index}"
             return replace(base, index=index, label=attempt.label, key=key, directory=directory)
-        margin, scale, orders = attempt.margin, attempt.scale, attempt.orders
-        dry = await self.session.plan(self._request(margin, scale, orders, None, attempt.content))
+        dry = await self.session.plan(self._request(attempt))
         key = AttemptKey(dry.plan.digest, attempt.amp)
         if not worth_compiling(self.state, attempt, key, dry.plan.bottleneck_s):
             return None
         directory = self._fresh(index)
-        request = self._request(margin, scale, orders, str(directory), attempt.content)
+        request = self._request(attempt, str(directory))
         planned = await self.session.plan(request)
         assert planned.files is not None
         record = AttemptRecord(
             index=index,
             label=attempt.label,
             key=AttemptKey(planned.plan.digest, attempt.amp),
-            margin=margin,
-            scale=scale,
-            orders=orders,
+            margin=attempt.margin,
+            scale=attempt.scale,
+            orders=attempt.orders,
             plan=planned.plan,
             views=stage_views(planned.plan, self.target.memory_bytes),
             model=planned.files.model,
@@ -234,14 +213,14 @@ class Prover:
                 "digest": record.key.digest,
                 "bottleneck_s": record.predicted_s,
                 "ratio_to_bound": planned.plan.ratio_to_bound,
-                "memory_scale": list(scale),
+                "memory_scale": list(attempt.scale),
             },
         )
         return record
 
     async def _probe(self, attempt: Attempt, index: int) -> AttemptRecord | None:
         """The node needing most of a device alone, to compile alone (``plan.probe``)."""
-        path = self._fresh(index) / f"{self.stem}.probe.onnx"
+        path = self._fresh(index) / f"{self.spec.stem}.probe.onnx"
         found = await self.session.probe(ProbeRequest(write_path=str(path)))
         if found is None:
             return None
@@ -269,33 +248,31 @@ class Prover:
             shutil.rmtree(directory)
         return directory
 
-    # -- compiles ------------------------------------------------------------------------------
-
     async def _run_one(self, record: AttemptRecord, send: Outcomes) -> None:
         probe, poprt = record.probe is not None, self.backend == "poprt"
         options = attempt_options(
             self.backend,
-            self.config,
+            self.spec.config,
             amp=record.key.amp if poprt else None,
             profile=self.state.settings.calibrate and self.state.measured_times is None,
             stages_dir=str(record.directory / "stages"),
-            reference_model=self.reference_model,
-            precision=self.precision,
-            input_shapes=self.input_shapes,
+            reference_model=self.spec.model,
+            precision=self.summary.precision,
+            input_shapes=self._input_shapes(),
         )
         request = AttemptRequest(
             backend=self.backend,
             model=str(record.model),
-            artifact=str(record.directory / f"{self.stem}.{'popef' if poprt else 'artifact'}"),
-            num_devices=1 if probe else self.devices,
+            artifact=str(record.directory / f"{self.spec.stem}.{'popef' if poprt else 'artifact'}"),
+            num_devices=1 if probe else self.spec.devices,
             options=options,
             tiles_per_device=self.target.tiles,
             benchmark=not probe and (self.state.settings.optimal_perf or not poprt),
-            warmup=self.config.poprt.benchmark_warmup,
-            runs=self.config.poprt.benchmark_runs,
-            batch_size=self.config.plan.batch_size,
-            precision=self.precision,
-            input_shapes=None if probe else self.input_shapes,
+            warmup=self.spec.config.poprt.benchmark_warmup,
+            runs=self.spec.config.poprt.benchmark_runs,
+            batch_size=self.spec.config.plan.batch_size,
+            precision=self.summary.precision,
+            input_shapes=None if probe else self._input_shapes(),
         )
         record.directory.mkdir(parents=True, exist_ok=True)
         async with send:
@@ -304,34 +281,29 @@ class Prover:
                     request,
                     record.directory,
                     pool=self.pool,
-                    job_id=self.job_id,
-                    priority=self.priority,
-                    timeout=self.timeout,
-                    kill_grace=self.kill_grace,
+                    job_id=self.spec.job_id,
+                    priority=self.spec.priority,
+                    timeout=self.spec.search.attempt_timeout,
+                    kill_grace=self.spec.search.kill_grace,
                     env=self.env,
                     argv_prefix=self.argv_prefix,
                 )
                 await send.send((record, outcome))
 
     def _finish(self, record: AttemptRecord, outcome: AttemptOutcome) -> None:
-        """Turn one outcome into observations and an event for the search."""
         record.outcome = outcome
         kind, oom = outcome.outcome, outcome.oom
-        observations: tuple[Any, ...] = ()
+        observations: tuple[Observation, ...] = ()
         views = record.views
         if kind == "ok" or (kind == "oom" and oom is not None):
+            tile_bytes = self.target.bytes_per_tile
             observations = observe(
-                record.index,
-                views,
-                kind="ok" if kind == "ok" else "oom",
-                amp=record.key.amp,
-                oom=oom,
-                tile_bytes=self.target.bytes_per_tile,
+                record.index, views, kind=kind, amp=record.key.amp, oom=oom, tile_bytes=tile_bytes
             )
         fatal: SharderdError | None = None
         if record.probe is not None:  # evidence about memory, never a result
             if kind == "oom" and record.key.amp <= self.state.settings.lowest_amp:
-                fatal = probe_proof(record, outcome, self.devices, self.target)
+                fatal = probe_proof(record, outcome, self.spec.devices, self.target)
         elif kind == "invalid" and outcome.cause == "verification":
             fatal = VerificationError(outcome.message)
         elif kind == "invalid" and self.state.best() is None:
@@ -345,7 +317,7 @@ class Prover:
             record.index,
             kind,
             observations,
-            record.measured_period_s(self.config.plan.batch_size),
+            record.measured_period_s(self.spec.config.plan.batch_size),
             record.throughput,
             tuple(sorted(times.items())) if times else None,
             fatal,

@@ -20,6 +20,7 @@ from sharderd.backends.registry import AttemptHosts, resolve_backend
 from sharderd.config import Config, SearchOptions
 from sharderd.errors import NoSplitError, NotProvenError, SharderdError
 from sharderd.fsutil import atomic_write
+from sharderd.job.codec import ModelSummary
 from sharderd.job.prove import Emit, Prover, ProveResult
 from sharderd.job.session import (
     LocalSession,
@@ -122,7 +123,7 @@ async def shard_job(
             ) from None
     else:
         session = LocalSession(PlanService(model_path, config.plan, target))
-    summary: dict[str, Any] | None = None
+    summary: ModelSummary | None = None
     attempts: list[dict[str, Any]] = []
 
     def partial(
@@ -131,8 +132,8 @@ async def shard_job(
         if summary is None:
             return None
         return report_dict(
-            model=summary["model"],
-            warnings=summary["warnings"],
+            model=summary.facts,
+            warnings=list(summary.warnings),
             target=target,
             plan=plan,
             batch_size=config.plan.batch_size,
@@ -149,7 +150,7 @@ async def shard_job(
         )
         summary = await session.summary()
         if serialized:
-            summary = {**summary, "model": as_given(summary["model"], spec.model)}
+            summary = replace(summary, facts=as_given(dict(summary.facts), spec.model))
         if backend == "none":
             request = PlanRequest(spec.devices, config.plan.safety_margin, stem=spec.stem)
             planned = await session.plan(request)
@@ -173,26 +174,15 @@ async def shard_job(
             workdir.mkdir(parents=True, exist_ok=True)
             prover = Prover(
                 session=session,
+                spec=spec,
+                summary=summary,
                 backend=backend,
-                config=config,
                 target=target,
-                devices=spec.devices,
-                stem=spec.stem,
                 workdir=workdir,
                 pool=pool,
-                job_id=spec.job_id,
                 emit=emit,
-                priority=spec.priority,
-                max_attempts=spec.search.max_attempts,
-                parallel=spec.search.parallel,
-                timeout=spec.search.attempt_timeout,
-                kill_grace=spec.search.kill_grace,
-                optimal_perf=spec.search.optimal_perf,
                 env=env,
                 argv_prefix=argv_prefix,
-                reference_model=spec.model,
-                precision=str(summary["model"].get("precision", "fp32")),
-                input_shapes=summary["model"].get("input_shapes"),
             )
             try:
                 proven = await prover.run()
@@ -223,8 +213,8 @@ async def shard_job(
         stages = piece_stages(final.files.model)
         extra["serialized"] = serialized_section(serialized, stages)
     report = report_dict(
-        model=summary["model"],
-        warnings=summary["warnings"],
+        model=summary.facts,
+        warnings=list(summary.warnings),
         target=target,
         plan=plan_section(final.plan, config.plan.batch_size, final.files.routed),
         batch_size=config.plan.batch_size,
@@ -232,7 +222,7 @@ async def shard_job(
         backend=backend,
         attempts=attempts,
         outputs=outputs,
-        timings_s=summary.get("timings_s"),
+        timings_s={"load_and_analyze": summary.analyze_s},
         extra=extra,
     )
     write_report(report, spec.out_dir)

@@ -4,7 +4,7 @@
 one-shot CLI); ``WorkerSession`` runs it in a child process speaking JSON lines on stdin/stdout
 (``python -m sharderd.job.planworker``), so the daemon's event loop never blocks on a huge
 model and a crash in the engine costs one job, not the daemon. Both return the same frozen values
-(``job.codec``: ``Planned``, ``Probed``); only the worker's pipe encodes them.
+(``job.codec``: ``ModelSummary``, ``Planned``, ``Probed``); only the worker's pipe encodes them.
 """
 
 from __future__ import annotations
@@ -25,15 +25,16 @@ from sharderd.config import PlanConfig
 from sharderd.errors import OutputWriteError, WorkerDiedError
 from sharderd.graph.analyze import Analysis
 from sharderd.job.codec import (
+    ModelSummary,
     Planned,
     Probed,
     decode_content,
     decode_error,
     decode_planned,
     decode_probed,
+    decode_summary,
 )
 from sharderd.plan.content import ContentCorrection
-from sharderd.plan.observations import StageView
 from sharderd.report.build import model_facts
 from sharderd.target import Target
 
@@ -73,7 +74,7 @@ class ProbeRequest:
 
 
 class PlanService:
-    """Holds one analysed model; every method returns JSON-ready dicts or raises SharderdError."""
+    """Holds one analysed model; every method returns frozen values or raises SharderdError."""
 
     def __init__(self, model: Path, plan_config: PlanConfig, target: Target) -> None:
         self.model_path = model
@@ -92,13 +93,16 @@ class PlanService:
             self._analyze_s = time.perf_counter() - started
         return self._analysis
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ModelSummary:
         analysis = self.analysis
-        return {
-            "model": model_facts(analysis),
-            "warnings": list(analysis.warnings),
-            "timings_s": {"load_and_analyze": self._analyze_s},
-        }
+        shapes = {k: tuple(int(d) for d in v) for k, v in analysis.shapes.input_shapes.items()}
+        return ModelSummary(
+            model_facts(analysis),
+            tuple(analysis.warnings),
+            analysis.precision,
+            shapes,
+            self._analyze_s,
+        )
 
     def plan(self, request: PlanRequest) -> Planned:
         from sharderd.engine import make_plan, write_shard_files
@@ -136,20 +140,20 @@ class PlanService:
         found = probe_target(self.analysis, self.target)
         if found is None:
             return None
+        name, view = found
         path = Path(request.write_path)
         try:
-            write_node_model(self.analysis, found.node, path)
+            write_node_model(self.analysis, view.runs[0][0], path)
         except OSError as exc:
             raise OutputWriteError(
                 f"cannot write the probe model to {path}: {exc.strerror or exc}",
                 hint="free space or fix permissions on the output folder, then retry the job",
             ) from None
-        view = StageView(0, found.predicted, ((found.node, found.node + 1),), found.code_share)
-        return Probed(found.name, found.predicted, view, path)
+        return Probed(name, view.predicted, view, path)
 
 
 class PlanSession(Protocol):
-    async def summary(self) -> dict[str, Any]: ...
+    async def summary(self) -> ModelSummary: ...
     async def plan(self, request: PlanRequest) -> Planned: ...
     async def probe(self, request: ProbeRequest) -> Probed | None: ...
     async def aclose(self) -> None: ...
@@ -161,7 +165,7 @@ class LocalSession:
     def __init__(self, service: PlanService) -> None:
         self.service = service
 
-    async def summary(self) -> dict[str, Any]:
+    async def summary(self) -> ModelSummary:
         return self.service.summary()
 
     async def plan(self, request: PlanRequest) -> Planned:
@@ -242,8 +246,8 @@ class WorkerSession:
         except OSError:
             return "no output on stderr"
 
-    async def summary(self) -> dict[str, Any]:
-        return await self._call({"op": "summary"})
+    async def summary(self) -> ModelSummary:
+        return decode_summary(await self._call({"op": "summary"}))
 
     async def plan(self, request: PlanRequest) -> Planned:
         return decode_planned(await self._call({"op": "plan", **asdict(request)}))

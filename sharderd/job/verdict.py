@@ -15,6 +15,7 @@ from sharderd.errors import (
 )
 from sharderd.job.attempts import AttemptRecord, ProveResult
 from sharderd.job.session import PlanRequest, PlanSession
+from sharderd.plan.oom import OomInfo
 from sharderd.plan.search import Verdict
 from sharderd.target import Target
 from sharderd.units import fmt_bytes
@@ -27,13 +28,10 @@ def probe_proof(
 ) -> PlanInfeasibleError:
     """Ground (c): one node compiled alone on one device at the lowest AMP ran out of memory."""
     oom = outcome.oom
-    worst = ""
-    if oom is not None and oom.bytes_used is not None and target.bytes_per_tile:
-        worst = f" (worst tile {fmt_bytes(oom.bytes_used)} of {fmt_bytes(oom.tile_bytes or target.bytes_per_tile)})"
     error = PlanInfeasibleError(
         f"the model does not fit on {devices} × {target.name}: {record.probe} compiled alone on one "
         f"device at available_memory_proportion {record.key.amp:g} (attempt {record.index}) ran out "
-        f"of memory{worst}, and every split holds it on some device, so no number of devices helps",
+        f"of memory{_worst_tile(oom, target)}, and every split holds it on some device, so no number of devices helps",
         grounds="probe",
         hint="reduce batch_size or the op's size, or use a target with more memory",
         device=None if oom is None else oom.device,
@@ -52,11 +50,8 @@ async def ending(
     max_attempts: int,
     fewest: Callable[[], Awaitable[int | None]],
 ) -> ProveResult:
-    """The search's result: the kept plan, else the error its verdict and attempts come to.
-
-    A proof or a fatal error is raised as it is (exit 3 only on ``errors.GROUNDS``); a settled
-    estimate or any out-of-memory outcome without a fit is exit 5, asking ``fewest`` for the
-    device count to suggest."""
+    """The kept plan, else the error: a proof or fatal error as it is (exit 3 only on
+    ``errors.GROUNDS``); a settled estimate or any out-of-memory outcome is exit 5."""
     if verdict.kept is not None:
         return ProveResult(attempts[verdict.kept], tuple(attempts))
     if verdict.error is not None:
@@ -90,7 +85,6 @@ async def _not_proven(
     max_attempts: int,
     fewest: Callable[[], Awaitable[int | None]],
 ) -> NotProvenError:
-    """What was tried, what the compiles showed, and the device count they suggest."""
     if not ooms and settled is not None:
         return NotProvenError(  # the planner's estimate, before any compile
             settled.message, hint=settled.hint, min_devices=settled.min_devices
@@ -101,9 +95,7 @@ async def _not_proven(
     )
     worst = ooms[-1]
     oom = worst.outcome.oom if worst.outcome else None
-    over = ""
-    if oom is not None and oom.bytes_used is not None and target.bytes_per_tile:
-        over = f" (worst tile {fmt_bytes(oom.bytes_used)} of {fmt_bytes(oom.tile_bytes or target.bytes_per_tile)})"
+    over = _worst_tile(oom, target)
     where = f", last on device {oom.device}{over}" if oom is not None else ""
     if worst.probe is not None:
         where = f", last {worst.probe} compiled alone on one device{over}"
@@ -132,12 +124,18 @@ async def _not_proven(
     )
 
 
+def _worst_tile(oom: OomInfo | None, target: Target) -> str:
+    if oom is None or oom.bytes_used is None or not target.bytes_per_tile:
+        return ""
+    return f" (worst tile {fmt_bytes(oom.bytes_used)} of {fmt_bytes(oom.tile_bytes or target.bytes_per_tile)})"
+
+
 async def fewest_devices(
     session: PlanSession, request: Callable[[int], PlanRequest], devices: int
 ) -> int | None:
     """The fewest devices above ``devices`` on which the model as measured (``request(n)``) has a
-    split: the extra devices double until one has, then the gap halves back (more devices never
-    lose a split); None when even as many devices as the model allows have none."""
+    split: the extra devices double until one has (or the model has too few nodes for them), then
+    the gap halves back (more devices never lose a split); None when no count has one."""
 
     async def has_split(n: int) -> bool | None:  # None: more devices than the model has nodes
         try:
@@ -151,15 +149,11 @@ async def fewest_devices(
     low, step = devices, 1
     while (found := await has_split(devices + step)) is False:
         low, step = devices + step, step * 2
-    high = devices + step
-    if found is None:  # past the most devices the model allows: find that count, then try it
-        while high - low > 1:
-            mid = (low + high) // 2
-            low, high = (mid, high) if await has_split(mid) is not None else (low, mid)
-        if low == devices or not await has_split(low):
-            return None
-        high, low = low, devices
+    high = devices + step  # the first with a split lies in (low, high] if any: halve the gap
     while high - low > 1:
         mid = (low + high) // 2
-        low, high = (low, mid) if await has_split(mid) else (mid, high)
-    return high
+        if (answer := await has_split(mid)) is False:
+            low = mid
+        else:  # a split, or past the most devices: the first split is at most mid
+            high, found = mid, answer
+    return high if found else None

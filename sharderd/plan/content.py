@@ -1,12 +1,7 @@
-"""Memory corrections that follow a stage's contents, not its device index.
-
-A compile measures the worst tile of one device holding some set of nodes. Which device index
-holds them says nothing (every IPU is alike); what they are says a lot: a big matmul's partials or
-an embedding's exchange overflow wherever they land. So what a compile teaches is kept as factors
-on those nodes (``ContentCorrection``) and applied to the bytes they bring to any stage
-(``corrected_analysis``): the planner then plans with the corrected sizes, every order, DP and
-proof unchanged, and a re-plan cannot move the overflowing layers to a device without evidence.
-"""
+"""Memory corrections that follow a stage's nodes, not its device index (every IPU is alike; a
+big matmul's partials overflow wherever they land): factors on nodes (``ContentCorrection``),
+applied to the bytes they bring to any stage (``corrected_analysis``), so the planner plans with
+the corrected sizes, every order, DP and proof unchanged."""
 
 from __future__ import annotations
 
@@ -43,7 +38,6 @@ class ContentCorrection:
         return self.base == 1.0 and not self.patches and not self.measured and not self.fixed
 
     def describe(self) -> str:
-        """One line for the report: how many stages and nodes the compiles corrected."""
         if self.identity:
             return "none"
         factors = [f for _, f in self.patches] or [self.base]
@@ -73,13 +67,8 @@ def corrected_analysis(
     analysis: Analysis, correction: ContentCorrection, capacity: int
 ) -> Analysis:
     """The analysis with every tensor and weight grown by the largest factor among the nodes that
-    touch it, so a corrected stage holds at least its factor × the bytes it held (code excepted:
-    it is a per-node constant of the target), plus one weight per fixed cost read by its nodes.
-
-    Every byte count the planner reads (live activations, cut tensors, weights, the memory floor)
-    comes from these arrays, so the whole engine plans with the corrected sizes; the times it
-    derives from cut bytes grow too, which is why the final plan is costed again on the original
-    (``planner``)."""
+    touch it (code is a per-node constant: not scaled), plus one weight per fixed cost read by its
+    nodes. Times derived from cut bytes grow too: the planner costs the final plan on the original."""
     flow, costs = analysis.flow, analysis.costs
     factors = node_factors(correction, flow.num_nodes)
     t_factor = np.full(flow.num_tensors, -np.inf)

@@ -1,10 +1,5 @@
-"""The memory model the compiles imply, derived from every observation each time.
-
-What a compile measured is attached to the nodes its device held (``plan.content``), not to the
-device index: the same layers overflow wherever a re-plan puts them. The model is rebuilt from all
-observations each time (never by multiplying the last correction), so a factor can come down as
-well as up. Three of the search's five constants live here; docs/search.md has the rules in prose.
-"""
+"""The memory model the compiles imply, rebuilt from every observation each time (so a factor
+can come down as well as up), attached to the nodes a device held (``plan.content``)."""
 
 from __future__ import annotations
 
@@ -36,8 +31,7 @@ _HOPELESS = 1e6
 
 
 def stage_factor(o: Observation, measured: float) -> float:
-    """The factor on a stage's bytes that makes it measure ``measured`` (× capacity): code is a
-    per-node constant the correction does not scale, so ``code + factor × rest = measured``."""
+    """The factor on a stage's bytes with ``code + factor × rest = measured`` (code is not scaled)."""
     assert o.stage is not None
     code, rest = o.stage.code, o.stage.rest
     if rest <= 1e-12:
@@ -45,24 +39,19 @@ def stage_factor(o: Observation, measured: float) -> float:
     return max((measured - code) / rest, 1e-6)
 
 
-def _measured(o: Observation) -> float:
-    return o.measured if o.measured is not None else UNKNOWN_OVER
-
-
 def content_model(
     observations: Sequence[Observation], *, amp: float, estimate: bool = False, exact: bool = False
 ) -> ContentCorrection:
     """The per-node correction the overflows at ``amp`` imply (a fit teaches no bytes).
 
-    For planning, each measurement aims ``HEADROOM`` above itself; ``exact`` takes it as measured. With ``estimate`` (the model
-    a "not proven" rests on) it is taken as measured with the ``NOISE`` in the model's favour, but
-    an overflow stays one: the very stage that ran out of memory is never predicted to fit.
-    Two nested overflows whose sizes and readings differ beyond the noise price the nodes between
+    Each measurement is aimed ``HEADROOM`` above itself for planning; ``exact`` takes it as is;
+    ``estimate`` (the model a "not proven" rests on) gives the ``NOISE`` in the model's favour
+    but keeps every overflowed stage over capacity. Two nested overflows price the nodes between
     them; what the inner one measures beyond that rate is a fixed cost going with its nodes.
     """
 
     def aim(o: Observation) -> float:
-        m = _measured(o)
+        m = o.measured if o.measured is not None else UNKNOWN_OVER
         if exact:
             return m
         return max(m * (1.0 - NOISE), _JUST_OVER) if estimate else m * HEADROOM
@@ -97,8 +86,6 @@ def content_model(
 
 @dataclass(frozen=True, slots=True)
 class _Overflow:
-    """The latest of a chain of nested overflows: its nodes' factor and any fixed cost."""
-
     observation: Observation
     factor: float
     fixed: float
@@ -113,7 +100,7 @@ def _nested(
     a: Observation, b: Observation, aim: Callable[[Observation], float]
 ) -> tuple[tuple[tuple[int, int], ...], float, Observation] | None:
     """(outer's nodes not in the inner, their factor, the inner) when one stage holds the other
-    and their predictions and readings differ beyond ``NOISE``; else None."""
+    and both predictions and readings differ beyond ``NOISE``."""
     assert a.stage is not None and b.stage is not None
     if a.measured is None or b.measured is None:
         return None
@@ -139,12 +126,8 @@ def _nested(
 
 def amp_closing(need: float, amp: float, fallbacks: Sequence[float]) -> float | None:
     """The highest fallback below ``amp`` that can bring a worst tile needing ``need`` (× its
-    capacity) under capacity, if any.
-
-    PopART's ``available_memory_proportion`` caps the conv/matmul planner's temporary memory per
-    tile, as a share of the tile (a cap the planner may exceed when nothing fits under it). The
-    worst tile's temporaries were planned under ``amp``; a lower cap can remove only what was
-    above it, so at most ``amp - lower`` of the tile: never a linear scale of the tile."""
+    capacity) under capacity, if any. PopART's ``available_memory_proportion`` caps conv/matmul
+    temporaries per tile; a lower cap removes only what was above it: at most ``amp - lower``."""
     for lower in sorted((a for a in fallbacks if a < amp), reverse=True):
         if need - (amp - lower) <= 1.0:
             return lower

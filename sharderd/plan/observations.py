@@ -1,9 +1,5 @@
-"""What the search reads of a plan and of a finished compile: pure values.
-
-A plan is a prediction per stage (``StageView``); a compile is a measurement of one device's worst
-tile (an OOM names one tile) or a success, which says only that the split fits: no backend
-reports the bytes of a compile that fits (``Observation``).
-"""
+"""What the search reads of a plan (``StageView`` per stage) and of a finished compile
+(``Observation``: an OOM measures one device's worst tile; a success only says the split fits)."""
 
 from __future__ import annotations
 
@@ -43,8 +39,6 @@ class AttemptKey:
 
 @dataclass(frozen=True, slots=True)
 class StageView:
-    """What the search reads of one planned stage."""
-
     device: int
     predicted: float
     """Raw predicted memory / device capacity (before margin and correction)."""
@@ -57,12 +51,10 @@ class StageView:
 
     @property
     def code(self) -> float:
-        """Code / device capacity: the part of ``predicted`` no correction of bytes scales."""
         return self.predicted * self.code_share
 
     @property
     def rest(self) -> float:
-        """Everything else in ``predicted``: the bytes a node factor scales."""
         return self.predicted - self.code
 
 
@@ -71,7 +63,7 @@ def runs_size(runs: Runs) -> int:
 
 
 def runs_within(inner: Runs, outer: Runs) -> bool:
-    """Every node of ``inner`` is in ``outer`` (one merge pass over two sorted lists)."""
+    """Every node of ``inner`` is in ``outer``."""
     i = j = both = 0
     while i < len(inner) and j < len(outer):
         lo, hi = max(inner[i][0], outer[j][0]), min(inner[i][1], outer[j][1])
@@ -84,7 +76,6 @@ def runs_within(inner: Runs, outer: Runs) -> bool:
 
 
 def runs_minus(a: Runs, b: Runs) -> Runs:
-    """The nodes of ``a`` not in ``b``, as runs."""
     out: list[tuple[int, int]] = []
     for start, stop in a:
         cur = start
@@ -100,7 +91,6 @@ def runs_minus(a: Runs, b: Runs) -> Runs:
 
 
 def stage_contents(assignment: np.ndarray, devices: int) -> tuple[Runs, ...]:
-    """Each stage's nodes as ``[start, stop)`` runs of file indices (O(N))."""
     out: list[list[tuple[int, int]]] = [[] for _ in range(devices)]
     if len(assignment):
         change = np.flatnonzero(np.diff(assignment)) + 1
@@ -112,7 +102,6 @@ def stage_contents(assignment: np.ndarray, devices: int) -> tuple[Runs, ...]:
 
 
 def stage_views(plan: Plan, capacity: int) -> tuple[StageView, ...]:
-    """``StageView`` of every stage of a plan: its predicted share of a device, its nodes."""
     contents = stage_contents(plan.assignment, plan.devices)
     views = []
     for k, stage in enumerate(plan.stages):
@@ -125,8 +114,6 @@ def stage_views(plan: Plan, capacity: int) -> tuple[StageView, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """One device in one finished compile."""
-
     attempt: int
     stage: StageView | None
     """None: the compiler named no device."""

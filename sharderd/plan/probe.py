@@ -1,25 +1,17 @@
-"""Which node to compile alone on one device: the one whose fit decides "any number of devices".
-
-A whole-model compile names one overflowing device, the lowest-numbered; a node that is too large
-on its own is only seen once a plan puts it on the first device to fail, and until then a
-"no number of devices helps" would be a guess from other nodes' factors. Compiled alone (its
-inputs fed from the host, its weights on the device), the node's own worst tile is a measurement:
-an overflow settles the verdict for every split, a fit says the node fits alone. The probe is
-cheap (one op) and runs in a free pool slot beside the first plan.
-"""
+"""Which node to compile alone on one device (docs/search.md, "The probe"): an overflow there
+proves that no split fits, whatever the number of devices."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.bounds import memory_floor
+from sharderd.plan.observations import StageView
 from sharderd.plan.op_costs import node_code_bytes
 from sharderd.target import Target
 
-__all__ = ["PROBE_MIN_NEED", "ProbeTarget", "probe_target"]
+__all__ = ["PROBE_MIN_NEED", "probe_target"]
 
 PROBE_MIN_NEED = 0.5
 """Probe a node only when the model says it needs at least this share of a device alone. The probe
@@ -28,23 +20,10 @@ doubles its bytes, an error no per-op term of the model allows, and such a node 
 for a neighbour on every device, so a plan's own compile is the better test of it."""
 
 
-@dataclass(frozen=True, slots=True)
-class ProbeTarget:
-    node: int
-    """File index of the node."""
-    name: str
-    predicted: float
-    """Its weights, inputs, outputs not computed in place and code / device capacity, uncorrected."""
-    code_share: float
-
-
-def probe_target(analysis: Analysis, target: Target) -> ProbeTarget | None:
-    """The node needing the largest share of a device alone, if it needs at least
-    ``PROBE_MIN_NEED``.
-
-    From the model as planned, before any compile: later, the corrections spread one stage's
-    measured factor over all its nodes, which says nothing about which of them is the heavy one.
-    """
+def probe_target(analysis: Analysis, target: Target) -> tuple[str, StageView] | None:
+    """The node needing the largest share of a device alone (weights, inputs, outputs, code), if
+    at least ``PROBE_MIN_NEED``, as a one-node stage. From the model as planned: corrections spread
+    a stage's factor over all its nodes, which says nothing about which is the heavy one."""
     capacity = target.memory_bytes
     floor = memory_floor(analysis, target).node_bytes
     need = floor / capacity
@@ -52,9 +31,6 @@ def probe_target(analysis: Analysis, target: Target) -> ProbeTarget | None:
     if node < 0 or not need[node] >= PROBE_MIN_NEED:
         return None
     raw = float(floor[node])
-    return ProbeTarget(
-        node=node,
-        name=analysis.flow.node_names[node],
-        predicted=raw / capacity,
-        code_share=min(1.0, float(node_code_bytes(analysis, target)[node]) / max(raw, 1.0)),
-    )
+    code_share = min(1.0, float(node_code_bytes(analysis, target)[node]) / max(raw, 1.0))
+    view = StageView(0, raw / capacity, ((node, node + 1),), code_share)
+    return analysis.flow.node_names[node], view

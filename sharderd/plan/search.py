@@ -1,19 +1,16 @@
-"""The proving search as values: one frozen ``SearchState`` and three pure functions.
+"""The proving search as values: one frozen ``SearchState`` and pure functions.
 
-``next_attempts(state)`` says what to compile next (or that the search is over: a ``Verdict``),
-``learn(state, event)`` folds in what happened (a compile started or finished, the planner had no
-new split), ``verdict(state)`` says how it ends. ``job/prove.py`` is the loop around them;
-docs/search.md has the rules in prose. Exit 3 only on ``errors.GROUNDS``: the planner's weights
-proof (``PlanInfeasibleError``) or the probe overflowing alone at the lowest AMP.
+``next_attempts`` says what to compile next (or the ``Verdict``), ``learn`` folds in one event,
+``verdict`` says how it ends; ``job/prove.py`` is the loop around them, docs/search.md the rules.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from sharderd.errors import NoSplitError, PlanInfeasibleError, SharderdError
-from sharderd.plan.choose import Compiled, best_compiled
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.memory_model import HEADROOM, UNKNOWN_OVER, amp_closing, content_model
 from sharderd.plan.observations import AttemptKey, Observation
@@ -27,6 +24,7 @@ __all__ = [
     "Started",
     "Unplanned",
     "Verdict",
+    "best_compiled",
     "learn",
     "next_attempts",
     "verdict",
@@ -43,8 +41,6 @@ Kind = Literal["plan", "speculative", "roomy", "verdict", "probe", "amp", "perf"
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """What the job fixed before the search started."""
-
     devices: int
     margin: float
     default_amp: float
@@ -65,8 +61,6 @@ class Settings:
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """What to compile next: how the loop should plan it, and at which AMP."""
-
     kind: Kind
     label: str
     margin: float
@@ -75,13 +69,11 @@ class Attempt:
     amp: float
     orders: tuple[str, ...] | None = None
     of: int | None = None
-    """An AMP retry compiles this attempt's split again."""
+    """An AMP retry's attempt: its split compiled again."""
 
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """A compile that was started, and its result once finished."""
-
     index: int
     attempt: Attempt
     key: AttemptKey
@@ -94,7 +86,7 @@ class Started:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """Event: a compile finished with these observations (``observations.observe``)."""
+    """Event: a compile finished."""
 
     index: int
     outcome: str
@@ -115,11 +107,9 @@ class Unplanned:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """How the search ends: the kept attempt, or why there is none."""
-
     kept: int | None
     error: SharderdError | None = None
-    """A fatal error or a proof (``PlanInfeasibleError``): raised as it is."""
+    """A fatal error or a proof (``PlanInfeasibleError``)."""
     settled: NoSplitError | None = None
     """The model as measured has no split: an estimate, never a proof."""
     note: str = ""
@@ -128,8 +118,6 @@ class Verdict:
 
 @dataclass(frozen=True, slots=True)
 class SearchState:
-    """Everything the search knows; ``learn`` returns the next one."""
-
     settings: Settings
     margin: float
     observations: tuple[Observation, ...] = ()
@@ -174,13 +162,10 @@ class SearchState:
         return frozenset({a.key for a in self.attempts} | lower)
 
     def best(self) -> Started | None:
-        """The compiled plan to keep: measured throughput where it ranks, else predicted time."""
-        oks = {a.index: a for a in self.attempts if a.outcome == "ok" and a.attempt.kind != "probe"}
-        choice = best_compiled(
-            [Compiled(a.index, a.predicted_s, a.throughput) for a in oks.values()],
+        return best_compiled(
+            [a for a in self.attempts if a.outcome == "ok" and a.attempt.kind != "probe"],
             by_measurement=self.settings.optimal_perf or self.measured_times is not None,
         )
-        return None if choice is None else oks[choice.attempt]
 
     def plan_attempt(self, kind: Kind = "plan") -> Attempt:
         labels = {
@@ -205,8 +190,18 @@ class SearchState:
         )
 
 
+def best_compiled(compiled: Sequence[Started], *, by_measurement: bool) -> Started | None:
+    """The compiled plan to keep: the highest measured throughput when measurements rank
+    (``--optimal-perf``, measured cost model) and any was measured, never the latency of a lone
+    batch (a balanced split with big boundary tensors can have the better rate and the worse
+    latency); else the fastest predicted bottleneck. Ties keep the earlier attempt."""
+    measured = [c for c in compiled if c.throughput]
+    if by_measurement and measured:
+        return max(measured, key=lambda c: (c.throughput or 0.0, -c.index))
+    return min(compiled, key=lambda c: (c.predicted_s, c.index), default=None)
+
+
 def learn(state: SearchState, event: Started | Finished | Unplanned) -> SearchState:
-    """The state after one event."""
     if isinstance(event, Started):
         return replace(
             state, attempts=(*state.attempts, event), asked=state.asked | {event.attempt}
@@ -240,10 +235,8 @@ def _unplanned(s: SearchState, event: Unplanned) -> SearchState:
                 extra[d] *= HEADROOM
         return replace(s, escalation=tuple(extra), escalations=s.escalations + 1)
     if kind == "plan" and error is not None:
-        if s.margin > 1.0 and not s.observations:
-            return replace(
-                s, margin=1.0
-            )  # an estimate with margin is no proof: let a compile decide
+        if s.margin > 1.0 and not s.observations:  # an estimate with margin is no proof
+            return replace(s, margin=1.0)
         if not s.overflows():
             return replace(s, settled=error)
         return replace(s, no_split=(len(s.overflows()), error))

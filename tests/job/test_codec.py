@@ -12,7 +12,13 @@ import pytest
 import sharderd
 from sharderd.config.load import LocatedError
 from sharderd.errors import DimsUnresolvedError, PlanInfeasibleError, SharderdError
-from sharderd.job.codec import decode_error, encode_error
+from sharderd.job.codec import (
+    ModelSummary,
+    decode_error,
+    decode_summary,
+    encode_error,
+    encode_summary,
+)
 from sharderd.job.run import JobFailed
 
 
@@ -59,3 +65,17 @@ def test_a_payload_naming_no_sharderd_error_is_a_plain_one() -> None:
     for name in ("builtins:ValueError", "os:system", "sharderd.errors:fmt", ""):
         back = decode_error({"class": name, "fields": {"message": "m", "hint": None}})
         assert type(back) is SharderdError and back.message == "m"
+
+
+def test_a_model_summary_comes_back_as_the_same_frozen_value() -> None:
+    """Through JSON, shapes come back as tuples of ints and warnings as a tuple: equal values."""
+    summary = ModelSummary(
+        {"name": "m.onnx", "nodes": 3, "opsets": {"ai.onnx": 17}},
+        ("batch dim fixed to 1",),
+        "fp16",
+        {"input_ids": (1, 128), "mask": (1, 1, 128)},
+        0.25,
+    )
+    back = decode_summary(json.loads(json.dumps(encode_summary(summary))))
+    assert back == summary
+    assert isinstance(back.input_shapes["mask"], tuple)

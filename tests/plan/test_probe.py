@@ -29,11 +29,13 @@ def test_the_heaviest_node_is_probed_when_a_factor_could_sink_it(name: str) -> N
     heaviest = int(np.argmax(floor))
     target = _holding(float(floor[heaviest]), 0.7)
     found = probe_target(analysis, target)
-    assert found is not None and found.node == heaviest
-    assert found.name == analysis.flow.node_names[heaviest]
-    assert found.predicted == pytest.approx(float(floor[heaviest]) / target.memory_bytes)
-    assert found.predicted == pytest.approx(0.7, abs=2.0 / target.memory_bytes)  # int capacity
-    assert 0.0 < found.code_share <= 1.0
+    assert found is not None
+    name, view = found
+    assert view.runs == ((heaviest, heaviest + 1),)
+    assert name == analysis.flow.node_names[heaviest]
+    assert view.predicted == pytest.approx(float(floor[heaviest]) / target.memory_bytes)
+    assert view.predicted == pytest.approx(0.7, abs=2.0 / target.memory_bytes)  # int capacity
+    assert 0.0 < view.code_share <= 1.0
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,8 +1,16 @@
-"""plan/choose.py: the compiled plan to keep is ranked by throughput, not latency."""
+"""plan/search.best_compiled: the compiled plan to keep is ranked by throughput, not latency."""
 
 from __future__ import annotations
 
-from sharderd.plan.choose import Compiled, best_compiled
+from sharderd.plan.content import ContentCorrection
+from sharderd.plan.observations import AttemptKey
+from sharderd.plan.search import Attempt, Started, best_compiled
+
+
+def Compiled(index: int, predicted_s: float, throughput_per_s: float | None = None) -> Started:
+    attempt = Attempt("plan", "plan", 1.0, (1.0,), ContentCorrection(), 0.6)
+    key = AttemptKey(f"d{index}", 0.6)
+    return Started(index, attempt, key, predicted_s, "ok", None, throughput_per_s)
 
 
 def test_throughput_wins_where_latency_disagrees() -> None:
