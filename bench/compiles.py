@@ -353,7 +353,11 @@ def _count(log: list[dict[str, Any]], devices: int) -> tuple[int, int]:
         None,
     )
     counted = log if first_ok is None else log[: first_ok + 1]
-    lowered = sum(1 for r in counted if r["options"]["available_memory_proportion"] < DEFAULT_AMP)
+    lowered = sum(
+        1
+        for r in counted
+        if min([r["options"]["available_memory_proportion"], *r.get("op_amps", ())]) < DEFAULT_AMP
+    )
     return len(counted), lowered
 
 

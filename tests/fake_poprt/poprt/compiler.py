@@ -278,6 +278,7 @@ def _compile_logged(
     if not 0 < options.available_memory_proportion <= 1:
         raise RuntimeError("availableMemoryProportion must be in (0,1]")
     graph = _Graph(proto)
+    record["op_amps"] = sorted(set(graph.amps.values()))
     for value in graph.amps.values():
         if not 0 < value <= 1:
             raise RuntimeError("availableMemoryProportion must be in (0,1]")
