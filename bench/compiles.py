@@ -872,13 +872,13 @@ def section(
     return "\n".join(lines)
 
 
-def write_section(text: str, path: Path = BENCHMARKS) -> None:
+def write_section(text: str, path: Path = BENCHMARKS, heading: str = SECTION) -> None:
     """Replace this script's section (or append it); the rest of the file is someone else's."""
     if not path.exists():
         path.write_text("# Benchmarks\n\n" + text)
         return
     lines = path.read_text().splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == heading), None)
     if start is None:
         body = "".join(lines)
         path.write_text(
