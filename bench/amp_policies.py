@@ -12,6 +12,10 @@ and each stage's AMP as compiled (report.json ``plan.stages[].available_memory_p
     python bench/amp_policies.py                      # all models and truths, prints Markdown
     python bench/amp_policies.py --models cnn --truths default
     python bench/amp_policies.py --write-benchmarks   # also (re)writes its section of BENCHMARKS.md
+
+Besides ``bench/compiles.py``'s four models, ``tiled_tail`` (``--models tiled_tail``): two
+weight-heavy MatMuls on 16 rows, then a Tile to ``rows`` rows and a MatMul whose operands make
+planner temporaries: the one model here whose overflow is one stage's, not the whole split's.
 """
 
 from __future__ import annotations
@@ -27,10 +31,43 @@ from pathlib import Path
 from typing import Any
 
 import compiles as c  # bench/ is not a package: python puts this folder on sys.path
+import numpy as np
 import onnx
 from _common import machine, machine_markdown, markdown_table
+from onnx import TensorProto, helper, numpy_helper
 
 SECTION = "## AMP per stage vs global"
+
+
+def tiled_tail(hidden: int = 1024, rows: int = 1024, out: int = 256) -> onnx.ModelProto:
+    """x[16, hidden] → 2 × (MatMul hidden×hidden, Relu) → Tile to ``rows`` rows → MatMul
+    hidden×out → Relu: weights up front, activations (and so temporaries) at the tail."""
+    inits = [
+        numpy_helper.from_array(np.full((hidden, hidden), 0.01, np.float32), "wa1"),
+        numpy_helper.from_array(np.full((hidden, hidden), 0.01, np.float32), "wa2"),
+        numpy_helper.from_array(np.full((hidden, out), 0.01, np.float32), "wb"),
+        numpy_helper.from_array(np.array([rows // 16, 1], np.int64), "reps"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "wa1"], ["a1"], name="MatMul_a1"),
+        helper.make_node("Relu", ["a1"], ["r1"], name="Relu_a1"),
+        helper.make_node("MatMul", ["r1", "wa2"], ["a2"], name="MatMul_a2"),
+        helper.make_node("Relu", ["a2"], ["r2"], name="Relu_a2"),
+        helper.make_node("Tile", ["r2", "reps"], ["t"], name="Tile_b"),
+        helper.make_node("MatMul", ["t", "wb"], ["b"], name="MatMul_b"),
+        helper.make_node("Relu", ["b"], ["y"], name="Relu_b"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiled_tail",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, out])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+MODELS = (*c.MODELS, c.ModelSpec("tiled_tail", tiled_tail, {"hidden": 1024, "rows": 1024}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,11 +252,11 @@ def section(rows: Sequence[Row], argv: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="*", choices=[m.name for m in c.MODELS])
+    parser.add_argument("--models", nargs="*", choices=[m.name for m in MODELS])
     parser.add_argument("--truths", nargs="*", choices=list(c.TRUTHS))
     parser.add_argument("--write-benchmarks", action="store_true")
     args = parser.parse_args(argv)
-    models = [m for m in c.MODELS if not args.models or m.name in args.models]
+    models = [m for m in MODELS if not args.models or m.name in args.models]
     truths = {k: v for k, v in c.TRUTHS.items() if not args.truths or k in args.truths}
     c.WORK.mkdir(parents=True, exist_ok=True)
     rows = run_rows(models, truths)
