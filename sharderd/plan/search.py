@@ -17,6 +17,7 @@ from sharderd.plan.choose import Compiled, best_compiled
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.memory_model import HEADROOM, UNKNOWN_OVER, amp_closing, content_model
 from sharderd.plan.observations import AttemptKey, Observation
+from sharderd.plan.stage_amp import stage_retry
 
 __all__ = [
     "PERF_BAND",
@@ -57,8 +58,7 @@ class Settings:
     """Re-plan once on the first compile's profiled node times (``cost_model = "measured"``)."""
     probe: bool = False
     """The backend can compile one node alone on one device (PopRT)."""
-    amp_per_stage: bool = False
-    """An AMP retry lowers only the overflowed device's stage (``__available_memory``)."""
+    amp_per_stage: bool = False  # an AMP retry lowers only the overflowed stage (plan.stage_amp)
 
     @property
     def lowest_amp(self) -> float:
@@ -78,8 +78,7 @@ class Attempt:
     orders: tuple[str, ...] | None = None
     of: int | None = None
     """An AMP retry compiles this attempt's split again."""
-    stage_amps: tuple[float, ...] | None = None
-    """Each stage's AMP when some stage has its own (``search.amp_per_stage``); None: ``amp``."""
+    stage_amps: tuple[float, ...] | None = None  # each stage's AMP when some have their own
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,10 +243,8 @@ def _unplanned(s: SearchState, event: Unplanned) -> SearchState:
                 extra[d] *= HEADROOM
         return replace(s, escalation=tuple(extra), escalations=s.escalations + 1)
     if kind == "plan" and error is not None:
-        if s.margin > 1.0 and not s.observations:
-            return replace(
-                s, margin=1.0
-            )  # an estimate with margin is no proof: let a compile decide
+        if s.margin > 1.0 and not s.observations:  # an estimate with margin is no proof
+            return replace(s, margin=1.0)  # let a compile decide
         if not s.overflows():
             return replace(s, settled=error)
         return replace(s, no_split=(len(s.overflows()), error))
@@ -372,10 +369,8 @@ def _amp_retry(s: SearchState) -> tuple[Attempt | None, str]:
     ]
     if not ooms:
         return None, ""
-    if cfg.amp_per_stage:
-        staged = _stage_retry(s, ooms)
-        if staged is not None:
-            return staged
+    if cfg.amp_per_stage and (staged := stage_retry(s, ooms)) is not None:
+        return staged
     lowest = min(a.key.amp for _, a in ooms)
     o, base = min(
         ((o, a) for o, a in ooms if a.key.amp == lowest),
@@ -397,54 +392,6 @@ def _amp_retry(s: SearchState) -> tuple[Attempt | None, str]:
         return None, ""
     label = f"available_memory_proportion {amp:g}"
     return replace(base.attempt, kind="amp", label=label, amp=amp, of=base.index), ""
-
-
-def _stage_retry(
-    s: SearchState, ooms: list[tuple[Observation, Started]]
-) -> tuple[Attempt | None, str] | None:
-    """The AMP retry per stage: the overflowed device's stage one closing level lower, the other
-    stages as they were; None when the overflow named no device (the global retry decides).
-    Builds on the latest per-stage retry's levels; when that one overflowed on another device
-    than those it lowered, the overflow is not one stage's: every stage goes down to the level."""
-    cfg = s.settings
-    staged = [(o, a) for o, a in ooms if a.attempt.stage_amps is not None]
-    if staged:
-        o, base = max(staged, key=lambda oa: oa[1].index)
-    else:
-        at_default = [(o, a) for o, a in ooms if a.key.amp == cfg.default_amp]
-        if not at_default:
-            return None
-        o, base = min(at_default, key=lambda oa: _need(oa[0]))
-    if o.stage is None:
-        return None
-    device, need = o.stage.device, _need(o)
-    amps = list(base.attempt.stage_amps or (base.key.amp,) * len(base.attempt.scale))
-    if len(amps) <= device:
-        return None
-    level = amp_closing(need, amps[device], cfg.fallbacks)
-    if level is None:
-        cap = min(cfg.fallbacks)
-        return None, (
-            f"; a lower available_memory_proportion was not tried: it caps conv/matmul "
-            f"temporaries per tile, and even at {cap:g} it takes at most "
-            f"{max(0.0, amps[device] - cap) * 100:.0f}% of a tile off device {device}'s worst tile "
-            f"(attempt {base.index}, its stage at {amps[device]:g}), which is {(need - 1) * 100:.0f}% over"
-        )
-    spread = any(a < cfg.default_amp for a in amps) and amps[device] >= cfg.default_amp
-    amps[device] = level
-    if spread:
-        amps = [min(a, level) for a in amps]
-    if AttemptKey(base.key.digest, base.key.amp, tuple(amps)) in s.tried():
-        return None, ""
-    where = (
-        f"every stage above it (device {device} overflowed too)" if spread else f"stage {device}"
-    )
-    label = f"available_memory_proportion {level:g} on {where}"
-    return replace(base.attempt, kind="amp", label=label, stage_amps=tuple(amps), of=base.index), ""
-
-
-def _need(o: Observation) -> float:
-    return o.measured if o.measured is not None else UNKNOWN_OVER
 
 
 def verdict(state: SearchState) -> Verdict:
