@@ -353,7 +353,11 @@ def _count(log: list[dict[str, Any]], devices: int) -> tuple[int, int]:
         None,
     )
     counted = log if first_ok is None else log[: first_ok + 1]
-    lowered = sum(1 for r in counted if r["options"]["available_memory_proportion"] < DEFAULT_AMP)
+    lowered = sum(
+        1
+        for r in counted
+        if min([r["options"]["available_memory_proportion"], *r.get("op_amps", ())]) < DEFAULT_AMP
+    )
     return len(counted), lowered
 
 
@@ -868,13 +872,13 @@ def section(
     return "\n".join(lines)
 
 
-def write_section(text: str, path: Path = BENCHMARKS) -> None:
+def write_section(text: str, path: Path = BENCHMARKS, heading: str = SECTION) -> None:
     """Replace this script's section (or append it); the rest of the file is someone else's."""
     if not path.exists():
         path.write_text("# Benchmarks\n\n" + text)
         return
     lines = path.read_text().splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == heading), None)
     if start is None:
         body = "".join(lines)
         path.write_text(

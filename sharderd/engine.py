@@ -18,6 +18,7 @@ from sharderd.graph.load import load_model
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.planner import plan_stages
 from sharderd.plan.types import Plan
+from sharderd.shard.amp import set_stage_amps
 from sharderd.shard.annotate import RoutedInput, annotate, check_annotation
 from sharderd.shard.convert import fix_static_shapes, to_fp16
 from sharderd.shard.poprt_config import manual_sharding_yaml
@@ -94,12 +95,20 @@ def _check(model: onnx.ModelProto) -> None:
 
 
 def write_shard_files(
-    analysis: Analysis, plan: Plan, out_dir: Path, stem: str, *, link_external: bool = False
+    analysis: Analysis,
+    plan: Plan,
+    out_dir: Path,
+    stem: str,
+    *,
+    link_external: bool = False,
+    stage_amps: Sequence[float | None] | None = None,
 ) -> ShardFiles:
     """Write ``<stem>.sharded.onnx`` (+ its external data) and ``<stem>.sharding.yaml``.
 
     At ``fp16`` (planned from an fp32 file) the weights are converted, so they are written anew:
     inline, or as ``<stem>.sharded.data`` beside the model when they pass protobuf's 2 GiB.
+    ``stage_amps[s]`` (None: the session's option) goes on stage ``s``'s conv/matmul nodes as
+    ``__available_memory`` (``shard.amp``).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     model, routed = annotated_model(analysis, plan)
@@ -107,8 +116,10 @@ def write_shard_files(
     if analysis.precision == "fp16" and analysis.source_precision != "fp16":
         model, _ = to_fp16(model, analysis.loaded.path.parent)
         _check(model)
+        set_stage_amps(model, stage_amps or ())
         external = write_converted(model, model_path)
     else:
+        set_stage_amps(model, stage_amps or ())
         external = copy_external_data(
             analysis.loaded.external_files, analysis.loaded.path.parent, out_dir, link=link_external
         )

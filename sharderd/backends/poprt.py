@@ -22,6 +22,7 @@ import onnx
 from sharderd.backends.poprt_errors import parse_compile_error
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest, BenchmarkResult
 from sharderd.backends.registry import is_available
+from sharderd.shard.amp import stage_amps_of
 from sharderd.shard.annotate import IPU_ATTR, STAGE_ATTR
 from sharderd.target import MK2_TILES
 
@@ -121,12 +122,13 @@ def _run_compiled(request: AttemptRequest, runtime: Any) -> AttemptOutcome:
 
 def _convert(request: AttemptRequest) -> tuple[str, str]:
     """PopRT's own flow before a compile: ``Converter(precision=...).convert`` and the
-    ``int64_to_int32`` pass, then the plan put back by node name (PopRT applies manual sharding
-    after conversion). Writes ``<artifact>.converted.onnx``; returns its path and what changed."""
+    ``int64_to_int32`` pass, then the plan and any per-op ``__available_memory`` put back by node
+    name (PopRT applies manual sharding after conversion; a rebuilt graph loses the attributes). Writes ``<artifact>.converted.onnx``; returns its path and what changed."""
     import poprt
     from poprt.converter import Converter
 
     from sharderd.graph.weights import read_model_proto, with_inlined
+    from sharderd.shard.amp import node_amps
     from sharderd.shard.reannotate import reapply_annotation
     from sharderd.shard.write import write_converted
 
@@ -139,9 +141,11 @@ def _convert(request: AttemptRequest) -> tuple[str, str]:
         for node in model.graph.node
         if any(a.name in (IPU_ATTR, STAGE_ATTR) for a in node.attribute)
     }
+    amps = node_amps(model.graph)
     converted = Converter(convert_version=11, precision=request.precision).convert(model)
     converted = poprt.Pass.get_pass("int64_to_int32")(converted)
-    changes = reapply_annotation(converted, planned, {node.name for node in model.graph.node})
+    original = {node.name for node in model.graph.node}
+    changes = reapply_annotation(converted, planned, original, amps)
     path = f"{request.artifact}.converted.onnx"
     write_converted(converted, Path(path))
     return path, changes.describe(request.precision)
@@ -164,6 +168,12 @@ def _configure(
         pipelining = False
         notes.append("note: pipelining is off on a single IPU (PopART requires more than one)")
     options.enable_pipelining = pipelining
+    per_stage = stage_amps_of(graph)
+    if per_stage:
+        notes.append(
+            "note: __available_memory on the conv/matmul nodes of "
+            + ", ".join(f"stage {s}: {a:g}" for s, a in sorted(per_stage.items()))
+        )
     if not pipelining:
         return f"amp {options.available_memory_proportion}, no pipelining"
     wanted = int(opts.get("batches_per_step", 0)) or request.num_devices

@@ -103,6 +103,8 @@ class SearchConfig:
     """``available_memory_proportion`` values retried when every plan is out of memory; the lowest of them and the default is the probe's (one node compiled alone: its overflow there proves exit 3)."""
     speculative_margins: tuple[float, ...] = (1.3,)
     """Extra safety margins compiled in parallel with the plan when pool slots are free (after the probe, when there is one)."""
+    amp_per_stage: bool = True
+    """An AMP retry lowers ``available_memory_proportion`` only on the stage whose device ran out of memory (``__available_memory`` on its conv/matmul nodes), the other stages keep theirs; false: the whole compile's, as before. An out-of-memory text naming no device always retries the whole compile's."""
 
     def __post_init__(self) -> None:
         _check(self.max_attempts >= 1, "search.max_attempts", "must be >= 1")

@@ -74,6 +74,7 @@ class Prover:
             optimal_perf=self.spec.search.optimal_perf,
             calibrate=plan.cost_model == "measured" and self.backend == "onnxruntime",
             probe=poprt,
+            amp_per_stage=poprt and config.search.amp_per_stage,
         )
         self.state = SearchState(settings, plan.safety_margin)
 
@@ -167,7 +168,9 @@ class Prover:
         self.attempts.append(record)
         started = Started(record.index, attempt, record.key, record.predicted_s)
         self.state = learn(self.state, started)
-        amp = {"amp": record.key.amp} if self.backend == "poprt" else {}  # only PopRT has it
+        amp: dict[str, Any] = {"amp": record.key.amp} if self.backend == "poprt" else {}
+        if record.key.stage_amps is not None:
+            amp["stage_amps"] = list(record.key.stage_amps)
         self.emit(
             "attempt.started",
             {"attempt": record.index, "label": record.label, "digest": record.key.digest, **amp},
@@ -179,11 +182,7 @@ class Prover:
         if attempt.kind == "probe":
             return await self._probe(attempt, index)
         if attempt.kind == "amp":
-            assert attempt.of is not None
-            base = self.attempts[attempt.of]
-            key = AttemptKey(base.key.digest, attempt.amp)
-            directory = self.workdir / f"attempt-{index}"
-            return replace(base, index=index, label=attempt.label, key=key, directory=directory)
+            return await self._amp_record(attempt, index)
         dry = await self.session.plan(self._request(attempt))
         key = AttemptKey(dry.plan.digest, attempt.amp)
         if not worth_compiling(self.state, attempt, key, dry.plan.bottleneck_s):
@@ -217,6 +216,28 @@ class Prover:
             },
         )
         return record
+
+    async def _amp_record(self, attempt: Attempt, index: int) -> AttemptRecord:
+        """An AMP retry: the same split at a lower global AMP (the same file), or, per stage,
+        written again with ``__available_memory`` on the lowered stages' conv/matmul nodes."""
+        assert attempt.of is not None
+        base = self.attempts[attempt.of]
+        key = AttemptKey(base.key.digest, attempt.amp, attempt.stage_amps)
+        directory = self.workdir / f"attempt-{index}"
+        retry = replace(base, index=index, label=attempt.label, key=key, directory=directory)
+        had = base.request is not None and base.request.stage_amps is not None
+        if (attempt.stage_amps is None and not had) or base.request is None:
+            return retry
+        own = (
+            None
+            if attempt.stage_amps is None
+            else tuple(None if a == attempt.amp else a for a in attempt.stage_amps)
+        )
+        request = replace(base.request, write_dir=str(self._fresh(index)), stage_amps=own)
+        planned = await self.session.plan(request)
+        if planned.plan.digest != base.key.digest or planned.files is None:  # deterministic
+            raise SharderdError("internal error: re-planning a split for an AMP retry changed it")
+        return replace(retry, model=planned.files.model, request=request)
 
     async def _probe(self, attempt: Attempt, index: int) -> AttemptRecord | None:
         """The node needing most of a device alone, to compile alone (``plan.probe``)."""
@@ -298,7 +319,14 @@ class Prover:
         if kind == "ok" or (kind == "oom" and oom is not None):
             tile_bytes = self.target.bytes_per_tile
             observations = observe(
-                record.index, views, kind=kind, amp=record.key.amp, oom=oom, tile_bytes=tile_bytes
+                record.index,
+                views,
+                kind=kind,
+                amp=record.key.amp
+                if kind == "ok"
+                else record.key.amp_on(oom.device if oom else None),
+                oom=oom,
+                tile_bytes=tile_bytes,
             )
         fatal: SharderdError | None = None
         if record.probe is not None:  # evidence about memory, never a result

@@ -125,6 +125,7 @@ async def shard_job(
         session = LocalSession(PlanService(model_path, config.plan, target))
     summary: ModelSummary | None = None
     attempts: list[dict[str, Any]] = []
+    stage_amps: tuple[float, ...] | None = None  # each stage's AMP as compiled (PopRT only)
 
     def partial(
         status: str, error: SharderdError, plan: Mapping[str, Any] | None = None
@@ -190,6 +191,9 @@ async def shard_job(
                 attempts = [attempt_dict(a) for a in prover.attempts]
             final = await _write_chosen(session, spec, proven)
             status, extra = "compiled", _extra(proven)
+            if backend == "poprt":
+                chosen = proven.chosen
+                stage_amps = chosen.stage_amps() or (chosen.key.amp,) * final.plan.devices
     except NoSplitError as err:
         raise JobFailed(err, partial(err.reason, err)) from None
     except JobFailed:
@@ -216,7 +220,7 @@ async def shard_job(
         model=summary.facts,
         warnings=list(summary.warnings),
         target=target,
-        plan=plan_section(final.plan, config.plan.batch_size, final.files.routed),
+        plan=plan_section(final.plan, config.plan.batch_size, final.files.routed, stage_amps),
         batch_size=config.plan.batch_size,
         status=status,
         backend=backend,

@@ -64,6 +64,9 @@ class PlanRequest:
     """Node name → seconds from a profile: plan on measured time instead of FLOPs."""
     content: ContentCorrection | None = None
     """Factors on the bytes of nodes a compile measured (``plan.content``)."""
+    stage_amps: tuple[float | None, ...] | None = None
+    """Per stage, the ``available_memory_proportion`` written on its conv/matmul nodes (None:
+    the session's option); only what is written changes, never the split."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +126,12 @@ class PlanService:
         out = Path(request.write_dir)
         try:
             files = write_shard_files(
-                self.analysis, plan, out, request.stem, link_external=request.link_external
+                self.analysis,
+                plan,
+                out,
+                request.stem,
+                link_external=request.link_external,
+                stage_amps=request.stage_amps,
             )
         except OSError as exc:
             raise OutputWriteError(
@@ -267,7 +275,7 @@ class WorkerSession:
 def plan_request_from(data: Mapping[str, Any]) -> PlanRequest:
     fields = dict(data)
     fields.pop("op", None)
-    for key in ("memory_scale", "orders"):
+    for key in ("memory_scale", "orders", "stage_amps"):
         if fields.get(key) is not None:
             fields[key] = tuple(fields[key])
     fields["content"] = decode_content(fields.get("content"))

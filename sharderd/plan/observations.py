@@ -35,6 +35,20 @@ class AttemptKey:
 
     digest: str
     amp: float
+    stage_amps: tuple[float, ...] | None = None
+    """Each stage's AMP when some stage has its own (``__available_memory``); None: all ``amp``."""
+
+    def amp_on(self, device: int | None) -> float:
+        """The AMP that device's conv/matmuls were compiled with (no device: the lowest)."""
+        if self.stage_amps is None:
+            return self.amp
+        if device is None or not 0 <= device < len(self.stage_amps):
+            return min(self.stage_amps)
+        return self.stage_amps[device]
+
+    @property
+    def lowest(self) -> float:
+        return min(self.stage_amps) if self.stage_amps else self.amp
 
 
 @dataclass(frozen=True, slots=True)

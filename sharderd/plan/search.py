@@ -14,6 +14,7 @@ from sharderd.errors import NoSplitError, PlanInfeasibleError, SharderdError
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.memory_model import HEADROOM, UNKNOWN_OVER, amp_closing, content_model
 from sharderd.plan.observations import AttemptKey, Observation
+from sharderd.plan.stage_amp import stage_retry
 
 __all__ = [
     "PERF_BAND",
@@ -53,6 +54,7 @@ class Settings:
     """Re-plan once on the first compile's profiled node times (``cost_model = "measured"``)."""
     probe: bool = False
     """The backend can compile one node alone on one device (PopRT)."""
+    amp_per_stage: bool = False  # an AMP retry lowers only the overflowed stage (plan.stage_amp)
 
     @property
     def lowest_amp(self) -> float:
@@ -69,7 +71,8 @@ class Attempt:
     amp: float
     orders: tuple[str, ...] | None = None
     of: int | None = None
-    """An AMP retry's attempt: its split compiled again."""
+    """An AMP retry compiles this attempt's split again."""
+    stage_amps: tuple[float, ...] | None = None  # each stage's AMP when some have their own
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +160,7 @@ class SearchState:
         lower = {
             AttemptKey(a.key.digest, self.settings.default_amp)
             for a in self.attempts
-            if a.outcome == "oom" and a.key.amp < self.settings.default_amp
+            if a.outcome == "oom" and a.key.lowest < self.settings.default_amp
         }
         return frozenset({a.key for a in self.attempts} | lower)
 
@@ -236,7 +239,7 @@ def _unplanned(s: SearchState, event: Unplanned) -> SearchState:
         return replace(s, escalation=tuple(extra), escalations=s.escalations + 1)
     if kind == "plan" and error is not None:
         if s.margin > 1.0 and not s.observations:  # an estimate with margin is no proof
-            return replace(s, margin=1.0)
+            return replace(s, margin=1.0)  # let a compile decide
         if not s.overflows():
             return replace(s, settled=error)
         return replace(s, no_split=(len(s.overflows()), error))
@@ -361,6 +364,8 @@ def _amp_retry(s: SearchState) -> tuple[Attempt | None, str]:
     ]
     if not ooms:
         return None, ""
+    if cfg.amp_per_stage and (staged := stage_retry(s, ooms)) is not None:
+        return staged
     lowest = min(a.key.amp for _, a in ooms)
     o, base = min(
         ((o, a) for o, a in ooms if a.key.amp == lowest),

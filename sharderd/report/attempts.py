@@ -10,13 +10,23 @@ if TYPE_CHECKING:
 __all__ = ["attempt_dict"]
 
 
+def _per_stage(record: AttemptRecord) -> dict[str, Any]:
+    """``stage_available_memory_proportion``: each stage's AMP, when some stage has its own."""
+    amps = record.stage_amps()
+    return {} if amps is None else {"stage_available_memory_proportion": list(amps)}
+
+
 def attempt_dict(record: AttemptRecord) -> dict[str, Any]:
     out = record.outcome
     data: dict[str, Any] = {
         "index": record.index,
         "label": record.label,
         "plan_digest": record.key.digest,
-        "options": {"available_memory_proportion": record.key.amp, "safety_margin": record.margin},
+        "options": {
+            "available_memory_proportion": record.key.amp,
+            "safety_margin": record.margin,
+            **_per_stage(record),
+        },
         "memory_scale": list(record.scale),
         "predicted_bottleneck_s": record.predicted_s,
         "predicted_stage_times_s": [st.time_s for st in record.plan.stages]

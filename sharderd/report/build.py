@@ -111,7 +111,18 @@ def target_facts(target: Target) -> dict[str, Any]:
     }
 
 
-def plan_section(plan: Plan, batch_size: int, routed: Sequence[RoutedInput] = ()) -> dict[str, Any]:
+def plan_section(
+    plan: Plan,
+    batch_size: int,
+    routed: Sequence[RoutedInput] = (),
+    stage_amps: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """``stage_amps``: each stage's ``available_memory_proportion`` as compiled (PopRT only),
+    added to its stage as ``available_memory_proportion``."""
+    stages = [asdict(s) for s in plan.stages]
+    if stage_amps is not None:
+        for stage, amp in zip(stages, stage_amps, strict=True):
+            stage["available_memory_proportion"] = amp
     cuts: dict[int, list[dict[str, Any]]] = {}
     for ct in plan.cut_tensors:
         cuts.setdefault(ct.cut, []).append({"name": ct.name, "bytes": ct.bytes})
@@ -132,7 +143,7 @@ def plan_section(plan: Plan, batch_size: int, routed: Sequence[RoutedInput] = ()
         "safety_margin": plan.safety_margin,
         "memory_scale": list(plan.memory_scale),
         "slowest_stage": plan.slowest_stage,
-        "stages": [asdict(s) for s in plan.stages],
+        "stages": stages,
         "cuts": [
             {"cut": c, "bytes": sum(t["bytes"] for t in tensors), "tensors": tensors}
             for c, tensors in sorted(cuts.items())

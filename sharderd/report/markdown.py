@@ -60,6 +60,17 @@ def _stage_rows(plan: Mapping[str, Any]) -> list[str]:
     return rows
 
 
+def _amp_lines(plan: Mapping[str, Any]) -> list[str]:
+    """Each stage's ``available_memory_proportion`` (PopRT compiles only; older reports: none)."""
+    amps = [s.get("available_memory_proportion") for s in plan["stages"]]
+    if not amps or any(a is None for a in amps):
+        return []
+    return [
+        "- available_memory_proportion per stage (the cap on conv/matmul temporaries per tile): "
+        + ", ".join(f"stage {i}: {a:g}" for i, a in enumerate(amps))
+    ]
+
+
 def _balance(times: list[float]) -> str:
     return f"{max(times) / (sum(times) / len(times)):.2f}" if times and sum(times) > 0 else "-"
 
@@ -151,6 +162,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                 for name, v in plan["orders_tried"].items()
             )
             + f"); safety margin {plan['safety_margin']:g}; plan digest `{plan['digest']}`",
+            *_amp_lines(plan),
             *(
                 [
                     f"- split by `{plan['method']}`"

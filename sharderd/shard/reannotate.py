@@ -4,7 +4,9 @@ PopRT converts a model (precision, ``int64_to_int32``, fusions) before it compil
 manual sharding afterwards, by node name. A node that kept its name gets its planned stage again;
 a node the conversion added (a Cast after an input, a fused node under a new name) takes the
 stage of the nodes it reads from, or of its readers when it reads only graph inputs; a planned
-node that is gone was fused away or removed. ``Reannotation`` says how many of each.
+node that is gone was fused away or removed. ``Reannotation`` says how many of each. A per-op
+``__available_memory`` (``shard.amp``) goes back the same way: by name, and a conv/matmul the
+conversion added takes its stage's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from sharderd.shard.amp import AMP_OPS, amps_by_stage, set_amp
 from sharderd.shard.annotate import IPU_ATTR, STAGE_ATTR
 
 __all__ = ["Reannotation", "reapply_annotation"]
@@ -38,12 +41,17 @@ class Reannotation:
 
 
 def reapply_annotation(
-    model: onnx.ModelProto, planned: Mapping[str, Mapping[str, int]], original: Collection[str]
+    model: onnx.ModelProto,
+    planned: Mapping[str, Mapping[str, int]],
+    original: Collection[str],
+    amps: Mapping[str, float] | None = None,
 ) -> Reannotation:
     """Annotate ``model`` in place from ``planned`` (node name → its ``__ipu_number`` /
     ``__pipeline_stage`` values, whichever it had). ``original`` names every node the model had
     before conversion: one of those without an annotation stays without (the compiler reports a
-    mixed annotation itself); only nodes the conversion added are placed by their neighbours."""
+    mixed annotation itself); only nodes the conversion added are placed by their neighbours.
+    ``amps`` (node name → ``__available_memory``) is put back on the nodes of those names; a
+    conv/matmul the conversion added gets the AMP its stage's nodes had, if any."""
     nodes = list(model.graph.node)
     placed: dict[str, Mapping[str, int]] = {}
     producer: dict[str, int] = {}
@@ -84,12 +92,29 @@ def reapply_annotation(
         attrs += [onnx.helper.make_attribute(k, int(v)) for k, v in sorted(values.items())]
         del node.attribute[:]
         node.attribute.extend(attrs)
+    _reapply_amps(nodes, placed, original, amps or {}, amps_by_stage(planned, amps or {}))
     names = {node.name for node in nodes}
     return Reannotation(
         kept,
         tuple(n.name for n in nodes if n.name not in original),
         tuple(name for name in planned if name not in names),
     )
+
+
+def _reapply_amps(
+    nodes: list[onnx.NodeProto],
+    placed: Mapping[str, Mapping[str, int]],
+    original: Collection[str],
+    amps: Mapping[str, float],
+    by_stage: Mapping[int, float],
+) -> None:
+    for node in nodes:
+        if node.name in amps:
+            set_amp(node, amps[node.name])
+        elif node.name not in original and node.op_type in AMP_OPS:
+            stage = placed.get(node.name, {}).get(STAGE_ATTR)
+            if stage is not None and stage in by_stage:
+                set_amp(node, by_stage[stage])
 
 
 def _position(values: Mapping[str, int]) -> int:

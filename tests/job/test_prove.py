@@ -141,7 +141,11 @@ def test_no_split_is_compiled_twice(model: Path, config: Path, tmp_path: Path) -
     proc, _ = shard(model, config, out, 4, truth={"code_bytes": {"Gather": 8_000_000}})
     attempts = report(out)["attempts"]
     keys = [
-        (a["plan_digest"], a["options"]["available_memory_proportion"])
+        (
+            a["plan_digest"],
+            a["options"]["available_memory_proportion"],
+            tuple(a["options"].get("stage_available_memory_proportion", ())),
+        )
         for a in attempts
         if a["outcome"] != "cancelled"
     ]

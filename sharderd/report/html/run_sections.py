@@ -14,6 +14,14 @@ from sharderd.report.svg import OUTCOME_COLOURS, attempt_note, attempts_timeline
 __all__ = ["attempts_section", "error_section", "verification_section", "warnings_section"]
 
 
+def _amp_text(amp: float | None, attempt: Mapping[str, Any]) -> str:
+    """The session's AMP, and each stage's when some stage had its own."""
+    stages = (attempt.get("options") or {}).get("stage_available_memory_proportion")
+    if amp is None:
+        return ""
+    return f"{amp:g}" + (f" (per stage {' / '.join(f'{x:g}' for x in stages)})" if stages else "")
+
+
 def attempts_section(report: Mapping[str, Any]) -> str:
     attempts = report["attempts"]
     if not attempts:
@@ -31,7 +39,7 @@ def attempts_section(report: Mapping[str, Any]) -> str:
                 f'<b style="color:{colour}">{esc(outcome)}</b>',
                 f"#{float(a.get('duration_s') or 0):.2f} s",
                 f"<code>{esc(a.get('plan_digest', ''))}</code>",
-                esc("" if amp is None else f"{amp:g}"),
+                esc(_amp_text(amp, a)),
                 esc(attempt_note(a)),
                 esc(message),
             ]

@@ -21,7 +21,12 @@ Environment knobs, read at every compile:
   ``unknown_error``: a ``RuntimeError`` no parser knows. Validation errors come first.
 - ``FAKE_POPRT_COMPILE_SECONDS``: simulated compile time (default 0).
 - ``FAKE_POPRT_LOG``: append one JSON line per compile call (options, the
-  ``POPLAR_ENGINE_OPTIONS`` it saw, per-IPU worst-tile bytes, result and error text).
+  ``POPLAR_ENGINE_OPTIONS`` it saw, the distinct per-op ``__available_memory`` values
+  (``op_amps``), per-IPU worst-tile bytes, result and error text).
+
+A conv/matmul/Gemm node's FLOAT ``__available_memory`` attribute replaces the session's
+``available_memory_proportion`` for that op's temporaries, as PopART reads it; out of (0, 1] it
+is refused with the session option's text.
 
 As in Poplar, ``POPLAR_ENGINE_OPTIONS`` with ``debug.allowOutOfMemory`` (or ``autoReport.all``)
 turns a real out-of-memory into the numberless "Cannot fit all variable data" text.

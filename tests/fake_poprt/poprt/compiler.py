@@ -3,7 +3,8 @@
 The compile checks what PopART checks, in PopART's order and with its texts (poprt-facts.md §1),
 then costs every IPU the way a tiled machine fills up: weights on every IPU that reads them,
 activations by a liveness walk over that IPU's schedule (with matmul/conv temporaries that
-shrink with ``available_memory_proportion``), code per op type, exchange buffers for tensors
+shrink with ``available_memory_proportion``: the op's own ``__available_memory`` FLOAT attribute
+when it has one, as PopART reads it, else the session option), code per op type, exchange buffers for tensors
 crossing IPUs and host streams. The worst tile is the mean per-tile load × an imbalance factor
 plus a fixed per-tile overhead; over the limit raises Poplar's "Out of memory on tile" text for
 the lowest-numbered failing IPU. Three further families make the worst tile something else than a
@@ -44,6 +45,7 @@ _VGRAPH_MODES = {
 }
 _VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 _PLANNED_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
+AMP_ATTR = "__available_memory"
 _KEEP_INIT_BYTES = 4096
 _SCRATCH_OPS = frozenset(
     {"Softmax", "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "TopK"}
@@ -276,6 +278,10 @@ def _compile_logged(
     if not 0 < options.available_memory_proportion <= 1:
         raise RuntimeError("availableMemoryProportion must be in (0,1]")
     graph = _Graph(proto)
+    record["op_amps"] = sorted(set(graph.amps.values()))
+    for value in graph.amps.values():
+        if not 0 < value <= 1:
+            raise RuntimeError("availableMemoryProportion must be in (0,1]")
     anchors = list(outputs) if outputs else [o.name for o in proto.graph.output]
     for anchor in anchors:
         if anchor not in graph.tensors:
@@ -345,6 +351,18 @@ class _Graph:
                 self.weights[node.output[0]] = _proto_bytes(value) if value is not None else 0
         self.shapes, self.dtypes = _infer(model)
         self.tensors = set(self.shapes) | set(self.weights) | set(self.made_by)
+        self.amps = {
+            k: float(a.f)
+            for k, node in enumerate(self.nodes)
+            if node.op_type in _PLANNED_OPS
+            for a in node.attribute
+            if a.name == AMP_ATTR and a.type == onnx.AttributeProto.FLOAT
+        }
+        """Node index → its own ``__available_memory`` (PopART reads it on conv/matmul ops)."""
+
+    def amp(self, index: int, options: CompilerOptions) -> float:
+        """The cap on this op's temporaries: its own attribute, else the session's option."""
+        return self.amps.get(index, options.available_memory_proportion)
 
     def bytes_of(self, name: str) -> int:
         if name in self.weights:
@@ -601,14 +619,13 @@ def _largest_op_tile(
     """Each IPU's worst tile when its biggest op sits on ``op_tiles`` of the tiles and the rest of
     the load is spread evenly (uniform rest, concentrated op)."""
     truth = knobs.truth
-    amp = options.available_memory_proportion
     partials = 2.0 if str(options.partials_type).lower() == "float" else 1.0
     biggest = np.zeros(len(compute))
     for k, node in enumerate(graph.nodes):
         operands = graph.operand_bytes(k)
         weights = sum(graph.weights.get(n, 0) for n in node.input if n) * truth.weight_factor
         temp = (
-            truth.temp_factor * partials * operands * amp / 0.6
+            truth.temp_factor * partials * operands * graph.amp(k, options) / 0.6
             if node.op_type in _PLANNED_OPS
             else 0.0
         )
@@ -619,13 +636,23 @@ def _largest_op_tile(
 
 
 def _noise(graph: _Graph, ipus: list[int], n_ipus: int, options: CompilerOptions) -> np.ndarray:
-    """u in [-1, 1] per IPU, a pure function of what the IPU holds and the AMP."""
-    names = [[] for _ in range(n_ipus)]
+    """u in [-1, 1] per IPU, a pure function of what the IPU holds and the AMP its conv/matmul
+    ops are planned with (the session's when it has none)."""
+    names: list[list[str]] = [[] for _ in range(n_ipus)]
+    amps: list[set[float]] = [set() for _ in range(n_ipus)]
     for k in graph.order:
         names[ipus[k]].append(graph.nodes[k].name)
-    amp = f"{options.available_memory_proportion:.3f}"
+        if graph.nodes[k].op_type in _PLANNED_OPS:
+            amps[ipus[k]].add(graph.amp(k, options))
+    keys = [
+        "/".join(f"{a:.3f}" for a in sorted(a or {options.available_memory_proportion}))
+        for a in amps
+    ]
     return np.array(
-        [zlib.crc32(("/".join(n) + amp).encode()) / 0xFFFFFFFF * 2.0 - 1.0 for n in names]
+        [
+            zlib.crc32(("/".join(n) + key).encode()) / 0xFFFFFFFF * 2.0 - 1.0
+            for n, key in zip(names, keys, strict=True)
+        ]
     )
 
 
@@ -670,13 +697,13 @@ def _activation_peak(
         if producer is None or ipus[producer] != device:  # received from the host or another IPU
             live[start : last_use[name] + 1] += graph.bytes_of(name)
 
-    amp = options.available_memory_proportion
     partials = 2.0 if str(options.partials_type).lower() == "float" else 1.0
     temp = np.zeros(len(schedule))
     for k in schedule:
         node = graph.nodes[k]
         operands = graph.operand_bytes(k)
         if node.op_type in _PLANNED_OPS:
+            amp = graph.amp(k, options)
             planned = truth.temp_factor * partials * operands * amp / 0.6
             temp[position[k]] = min(planned, amp * knobs.tile_bytes * compute_tiles)
         elif node.op_type in _SCRATCH_OPS:

@@ -1,0 +1,69 @@
+"""AMP retries per stage (``search.amp_per_stage``): which stages the next compile lowers, and to what.
+
+PopART reads ``available_memory_proportion`` per conv/matmul op too (the FLOAT attribute
+``__available_memory``, ``shard/amp.py``). A lower cap costs speed, and an out-of-memory text
+names one device, so the retry lowers that device's stage alone by the closing level
+(``memory_model.amp_closing``, from the stage's own current cap: a lower cap takes at most the
+difference off a tile) and every other stage keeps its level. It builds on the latest per-stage
+retry; when that one overflowed on a device it had not lowered, the overflow is not one stage's,
+and every stage still above the new level goes down to it (one compile, not one per stage). An
+overflow naming no device leaves the decision to the global retry (``search._amp_retry``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from sharderd.plan.memory_model import UNKNOWN_OVER, amp_closing
+from sharderd.plan.observations import AttemptKey, Observation
+
+if TYPE_CHECKING:
+    from sharderd.plan.search import Attempt, SearchState, Started
+
+__all__ = ["stage_retry"]
+
+
+def stage_retry(
+    s: SearchState, ooms: list[tuple[Observation, Started]]
+) -> tuple[Attempt | None, str] | None:
+    """The per-stage retry, or (None, why not) when no level closes the gap; None when the
+    overflow to build on named no device (the global retry decides)."""
+    cfg = s.settings
+    staged = [(o, a) for o, a in ooms if a.attempt.stage_amps is not None]
+    if staged:
+        o, base = max(staged, key=lambda oa: oa[1].index)
+    else:
+        at_default = [(o, a) for o, a in ooms if a.key.amp == cfg.default_amp]
+        if not at_default:
+            return None
+        o, base = min(at_default, key=lambda oa: _need(oa[0]))
+    amps = list(base.attempt.stage_amps or (base.key.amp,) * len(base.attempt.scale))
+    if o.stage is None or len(amps) <= o.stage.device:
+        return None
+    device, need = o.stage.device, _need(o)
+    level = amp_closing(need, amps[device], cfg.fallbacks)
+    if level is None:
+        cap = min(cfg.fallbacks)
+        return None, (
+            f"; a lower available_memory_proportion was not tried: it caps conv/matmul "
+            f"temporaries per tile, and even at {cap:g} it takes at most "
+            f"{max(0.0, amps[device] - cap) * 100:.0f}% of a tile off device {device}'s worst "
+            f"tile (attempt {base.index}, its stage at {amps[device]:g}), which is "
+            f"{(need - 1) * 100:.0f}% over"
+        )
+    spread = any(a < cfg.default_amp for a in amps) and amps[device] >= cfg.default_amp
+    amps[device] = level
+    if spread:
+        amps = [min(a, level) for a in amps]
+    if AttemptKey(base.key.digest, base.key.amp, tuple(amps)) in s.tried():
+        return None, ""
+    where = (
+        f"every stage above it (device {device} overflowed too)" if spread else f"stage {device}"
+    )
+    label = f"available_memory_proportion {level:g} on {where}"
+    return replace(base.attempt, kind="amp", label=label, stage_amps=tuple(amps), of=base.index), ""
+
+
+def _need(o: Observation) -> float:
+    return o.measured if o.measured is not None else UNKNOWN_OVER

@@ -1,0 +1,126 @@
+"""AMP retries per stage (``search.amp_per_stage``) on recorded events: only the overflowed
+device's stage is lowered, by what a lower cap on temporaries can take off; a second device
+overflowing spreads the level; an overflow naming no device retries the whole compile."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sharderd.errors import NoSplitError
+from sharderd.plan.observations import AttemptKey, StageView, observe
+from sharderd.plan.oom import OomInfo
+from sharderd.plan.search import (
+    Attempt,
+    Finished,
+    SearchState,
+    Settings,
+    Started,
+    Verdict,
+    learn,
+    next_attempts,
+    worth_compiling,
+)
+
+TILE = 638_976
+PLAN = (StageView(0, 0.7, ((0, 100),)), StageView(1, 0.5, ((100, 200),)))
+SETTINGS = Settings(
+    devices=2,
+    margin=1.0,
+    default_amp=0.6,
+    fallbacks=(0.3, 0.1),
+    max_attempts=8,
+    amp_per_stage=True,
+)
+SETTLED = NoSplitError("the model as measured has no split")
+
+
+def start(state: SearchState, attempt: Attempt) -> SearchState:
+    key = AttemptKey("abc", attempt.amp, attempt.stage_amps)
+    return learn(state, Started(len(state.attempts), attempt, key, 1.0))
+
+
+def overflow(state: SearchState, device: int | None, measured: float) -> SearchState:
+    """The last started attempt ran out of memory on ``device``, observed at that device's AMP."""
+    a = state.attempts[-1]
+    info = OomInfo("tile", device, 3, int(measured * TILE), TILE)
+    if device is None:
+        info = OomInfo("variables")
+    amp = a.key.amp_on(device)
+    return learn(
+        state, Finished(a.index, "oom", observe(a.index, PLAN, kind="oom", amp=amp, oom=info))
+    )
+
+
+def settled_after_overflow(settings: Settings, device: int | None, measured: float) -> SearchState:
+    state = SearchState(settings, 1.0)
+    plan = next_attempts(state)
+    assert isinstance(plan, tuple) and plan[0].kind == "plan"
+    return replace(overflow(start(state, plan[0]), device, measured), settled=SETTLED)
+
+
+def retry(state: SearchState) -> Attempt:
+    wanted = next_attempts(state)
+    assert isinstance(wanted, tuple) and len(wanted) == 1 and wanted[0].kind == "amp", wanted
+    return wanted[0]
+
+
+def test_only_the_overflowed_stage_is_lowered_by_what_a_cap_can_take_off() -> None:
+    state = settled_after_overflow(SETTINGS, 1, 1.2)
+    a = retry(state)
+    assert (a.amp, a.stage_amps, a.of) == (0.6, (0.6, 0.3), 0)  # 0.3 off a tile closes 1.2
+    assert a.label == "available_memory_proportion 0.3 on stage 1"
+    deeper = retry(settled_after_overflow(SETTINGS, 0, 1.4))
+    assert deeper.stage_amps == (0.1, 0.6)
+    globally = retry(settled_after_overflow(replace(SETTINGS, amp_per_stage=False), 1, 1.2))
+    assert (globally.amp, globally.stage_amps) == (0.3, None)
+
+
+def test_the_same_stage_overflowing_again_goes_one_level_lower_from_its_own_cap() -> None:
+    state = settled_after_overflow(SETTINGS, 1, 1.2)
+    model = state.content()
+    state = overflow(start(state, retry(state)), 1, 1.15)  # measured at stage 1's 0.3
+    assert state.observations[-1].amp == 0.3 and state.content() == model  # not at the default
+    again = retry(state)
+    assert (again.stage_amps, again.of) == ((0.6, 0.1), 1)
+    state = overflow(start(state, again), 1, 1.15)
+    end = next_attempts(state)  # nothing lower than 0.1: not proven, and the note says why
+    assert isinstance(end, Verdict) and end.kept is None and end.error is None
+    assert "its stage at 0.1" in end.note
+
+
+def test_a_second_device_overflowing_lowers_every_stage_still_above_the_level() -> None:
+    state = settled_after_overflow(SETTINGS, 0, 1.2)
+    state = overflow(start(state, retry(state)), 1, 1.1)
+    spread = retry(state)
+    assert spread.stage_amps == (0.3, 0.3)
+    assert "every stage above it (device 1 overflowed too)" in spread.label
+    low = settled_after_overflow(SETTINGS, 0, 1.4)  # stage 0 at 0.1 stays at 0.1
+    low = overflow(start(low, retry(low)), 1, 1.2)
+    assert retry(low).stage_amps == (0.1, 0.3)
+
+
+def test_an_overflow_without_a_device_retries_the_whole_compile() -> None:
+    a = retry(settled_after_overflow(SETTINGS, None, 1.0))
+    assert (a.amp, a.stage_amps) == (0.3, None)
+    state = settled_after_overflow(SETTINGS, 1, 1.2)
+    state = overflow(start(state, retry(state)), None, 1.0)
+    after = retry(state)
+    assert (after.amp, after.stage_amps) == (0.3, None)
+
+
+def test_a_split_that_overflowed_with_a_lowered_stage_is_not_compiled_at_the_default() -> None:
+    state = settled_after_overflow(SETTINGS, 1, 1.2)
+    state = replace(state, attempts=(), observations=(), settled=None)
+    staged = Attempt("amp", "x", 1.0, (1.0, 1.0), SearchState(SETTINGS, 1.0).content(), 0.6)
+    state = overflow(start(state, replace(staged, stage_amps=(0.6, 0.3))), 1, 1.02)
+    plan = replace(staged, kind="plan", stage_amps=None)
+    assert not worth_compiling(state, plan, AttemptKey("abc", 0.6), 1.0)
+    assert worth_compiling(state, plan, AttemptKey("other", 0.6), 1.0)
+
+
+def test_a_key_says_which_amp_each_device_had() -> None:
+    key = AttemptKey("d", 0.6, (0.6, 0.3))
+    assert (key.amp_on(0), key.amp_on(1), key.amp_on(None), key.lowest) == (0.6, 0.3, 0.3, 0.3)
+    plain = AttemptKey("d", 0.6)
+    assert (plain.amp_on(1), plain.lowest) == (0.6, 0.6)
+    assert key != plain
