@@ -31,47 +31,21 @@ from pathlib import Path
 from typing import Any
 
 import compiles as c  # bench/ is not a package: python puts this folder on sys.path
-import numpy as np
 import onnx
 from _common import machine, machine_markdown, markdown_table
-from onnx import TensorProto, helper, numpy_helper
+
+from sharderd import examples
 
 SECTION = "## AMP per stage vs global"
 
 
-def tiled_tail(hidden: int = 1024, rows: int = 1024, out: int = 256) -> onnx.ModelProto:
-    """x[16, hidden] → 2 × (MatMul hidden×hidden, Relu) → Tile to ``rows`` rows → MatMul
-    hidden×out → Relu: weights up front, activations (and so temporaries) at the tail."""
-    inits = [
-        numpy_helper.from_array(np.full((hidden, hidden), 0.01, np.float32), "wa1"),
-        numpy_helper.from_array(np.full((hidden, hidden), 0.01, np.float32), "wa2"),
-        numpy_helper.from_array(np.full((hidden, out), 0.01, np.float32), "wb"),
-        numpy_helper.from_array(np.array([rows // 16, 1], np.int64), "reps"),
-    ]
-    nodes = [
-        helper.make_node("MatMul", ["x", "wa1"], ["a1"], name="MatMul_a1"),
-        helper.make_node("Relu", ["a1"], ["r1"], name="Relu_a1"),
-        helper.make_node("MatMul", ["r1", "wa2"], ["a2"], name="MatMul_a2"),
-        helper.make_node("Relu", ["a2"], ["r2"], name="Relu_a2"),
-        helper.make_node("Tile", ["r2", "reps"], ["t"], name="Tile_b"),
-        helper.make_node("MatMul", ["t", "wb"], ["b"], name="MatMul_b"),
-        helper.make_node("Relu", ["b"], ["y"], name="Relu_b"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "tiled_tail",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, hidden])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, out])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-MODELS = (*c.MODELS, c.ModelSpec("tiled_tail", tiled_tail, {"hidden": 1024, "rows": 1024}))
+MODELS = (*c.MODELS, c.ModelSpec("tiled_tail", examples.tiled_tail, {"hidden": 1024, "rows": 1024}))
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyRun:
+    """One AMP policy's run of one cell: how it ended and what it lowered."""
+
     outcome: str
     compiles: int
     lowered: int

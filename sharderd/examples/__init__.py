@@ -22,6 +22,7 @@ from sharderd.examples.residual_chain import chain
 from sharderd.examples.resnet import cnn
 from sharderd.examples.shared_mlp import shared_weights
 from sharderd.examples.sparse_external import large_external_model
+from sharderd.examples.tiled_tail import tiled_tail
 from sharderd.examples.write import save
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "multi_io",
     "save",
     "shared_weights",
+    "tiled_tail",
     "transformer",
     "with_if",
 ]
@@ -45,5 +47,6 @@ EXAMPLES: Mapping[str, Callable[..., onnx.ModelProto]] = {
     "with_if": with_if,
     "multi_io": multi_io,
     "chain": chain,
+    "tiled_tail": tiled_tail,
 }
 """Builders by name, for ``sharderd example-model <name>``; all take keyword options only."""

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 from job.test_prove import CONFIG, report, shard
-from onnx import TensorProto, helper, numpy_helper
 
+from sharderd import examples
 from sharderd.shard.amp import node_amps
 
 
@@ -19,30 +18,8 @@ def heavy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two MatMuls with 8 MB of weights on small activations, then a Tile to 1024 rows and a
     MatMul whose operands (5 MB) make planner temporaries that only its device cannot hold at
     AMP 0.6: on 2 × the 24-tile target the plan is {a} | {b}, and only device 1 overflows."""
-    inits = [
-        numpy_helper.from_array(np.full((1024, 1024), 0.01, np.float32), "wa1"),
-        numpy_helper.from_array(np.full((1024, 1024), 0.01, np.float32), "wa2"),
-        numpy_helper.from_array(np.full((1024, 256), 0.01, np.float32), "wb"),
-        numpy_helper.from_array(np.array([64, 1], np.int64), "reps"),
-    ]
-    nodes = [
-        helper.make_node("MatMul", ["x", "wa1"], ["a1"], name="MatMul_a1"),
-        helper.make_node("Relu", ["a1"], ["r1"], name="Relu_a1"),
-        helper.make_node("MatMul", ["r1", "wa2"], ["a2"], name="MatMul_a2"),
-        helper.make_node("Relu", ["a2"], ["r2"], name="Relu_a2"),
-        helper.make_node("Tile", ["r2", "reps"], ["t"], name="Tile_b"),
-        helper.make_node("MatMul", ["t", "wb"], ["b"], name="MatMul_b"),
-        helper.make_node("Relu", ["b"], ["y"], name="Relu_b"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "one_heavy_stage",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 1024])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 256])],
-        inits,
-    )
     path = tmp_path_factory.mktemp("amp") / "heavy.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(examples.tiled_tail(hidden=1024, rows=1024, out=256), path)
     return path
 
 
