@@ -49,12 +49,15 @@ class PolicyRun:
     outcome: str
     compiles: int
     lowered: int
+    """Stages whose AMP the run lowered."""
     bottleneck_s: float | None
     stage_amps: tuple[float, ...] | None
 
 
 @dataclass(frozen=True, slots=True)
 class Row:
+    """One cell (model, truth, devices) with both policies' runs."""
+
     model: str
     truth: str
     devices: int
