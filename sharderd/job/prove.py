@@ -23,6 +23,7 @@ from sharderd.job.attempts import AttemptRecord, ProveResult, correction
 from sharderd.job.codec import ModelSummary
 from sharderd.job.session import PlanRequest, PlanSession, ProbeRequest
 from sharderd.job.verdict import ending, fewest_devices, probe_proof
+from sharderd.plan.matmul_serial import probe_proves
 from sharderd.plan.observations import AttemptKey, Observation, observe, stage_views
 from sharderd.plan.search import (
     Attempt,
@@ -336,8 +337,8 @@ class Prover:
             )
         fatal: SharderdError | None = None
         if record.probe is not None:  # evidence about memory, never a result
-            serial = record.serializable is None or record.key.serialize  # nothing left to try
-            if kind == "oom" and record.key.amp <= self.state.settings.lowest_amp and serial:
+            started = self.state.attempts[record.index]
+            if kind == "oom" and probe_proves(started, self.state.settings.lowest_amp):
                 fatal = probe_proof(record, outcome, self.spec.devices, self.target)
         elif kind == "invalid" and outcome.cause == "verification":
             fatal = VerificationError(outcome.message)

@@ -30,6 +30,7 @@ __all__ = [
     "SERIAL_OPS",
     "Serialization",
     "learned",
+    "probe_proves",
     "serial_factor",
     "serial_probe",
 ]
@@ -61,18 +62,14 @@ def serial_factor(op_type: str, out_shape: Sequence[int] | None) -> int:
     return factor if factor >= 2 else 0
 
 
-def serial_probe(s: SearchState) -> tuple[Attempt, ...] | None:
-    """The serialized probe to start, () to wait for it, or None when there is none to run.
-
-    It is due once the probe of a serializable MatMul ran out of memory at the lowest AMP; while it
-    runs nothing else starts (its outcome decides what every later attempt writes)."""
+def serial_probe(s: SearchState) -> Attempt | None:
+    """The serialized probe, once the probe of a serializable MatMul ran out of memory at the
+    lowest AMP and until it started (a re-plan waits for it as for any running compile)."""
     from sharderd.plan.search import Attempt
 
-    if any(r.attempt.kind == "probe" and r.attempt.serialize for r in s.running()):
-        return ()
     lowest = s.settings.lowest_amp
     for a in s.attempts:
-        if _overflowed_probe(a, lowest) and a.serializable is not None:
+        if a.outcome == "oom" and a.serializable is not None and not probe_proves(a, lowest):
             name, k = a.serializable
             attempt = Attempt(
                 "probe",
@@ -83,17 +80,15 @@ def serial_probe(s: SearchState) -> tuple[Attempt, ...] | None:
                 lowest,
                 serialize=((name, k),),
             )
-            return (attempt,) if attempt not in s.asked else None
+            return attempt if attempt not in s.asked else None
     return None
 
 
-def _overflowed_probe(a: Started, lowest: float) -> bool:
-    return (
-        a.attempt.kind == "probe"
-        and not a.attempt.serialize
-        and a.outcome == "oom"
-        and a.key.amp <= lowest
-    )
+def probe_proves(a: Started, lowest: float) -> bool:
+    """Whether an overflow of ``a`` is the proof (grounds ``probe``): a probe at the lowest AMP
+    with nothing left to try (its node is no MatMul PopART could serialize, or it was serialized)."""
+    at_lowest = a.attempt.kind == "probe" and a.key.amp <= lowest
+    return at_lowest and (a.serializable is None or bool(a.attempt.serialize))
 
 
 def learned(before: SearchState, after: SearchState, done: Started) -> SearchState:

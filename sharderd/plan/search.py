@@ -282,7 +282,7 @@ def _proposals(s: SearchState, best: Started | None) -> tuple[Attempt, ...]:
             return (s.plan_attempt("calibrate"),)
         return perf_variants(s, best) if cfg.optimal_perf else ()
     if (serial := serial_probe(s)) is not None:
-        return serial
+        return (serial,)
     if s.settled is not None:
         if not s.attempts:
             return _probe(s)
