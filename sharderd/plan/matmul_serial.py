@@ -36,17 +36,17 @@ __all__ = [
 ]
 
 Serialization = tuple[tuple[str, int], ...]
-"""MatMuls written with PopART's serialization: (node name, factor), sorted by name."""
+"""MatMuls written with PopART's serialization: (node name, factor)."""
 
 SERIAL_MODE = "output_channels"
 """Pieces over the output's last axis: each piece reads all of the input and a slice of the
 weight's columns, so no piece needs a sum of partial results (``reducing_dim`` would)."""
 MAX_SERIAL_FACTOR = 16
-"""The most pieces sharderd asks PopART for: the factor of the one serialized probe, so its
-overflow is the proof. Each piece is a matmul of its own run after the previous one, so the op
-pays its setup and exchange that many times; 16 takes the temporaries of one piece to a sixteenth
-of the op's, beyond which the op's weights, inputs and outputs (which serializing keeps on the
-IPU) are what fills it."""
+"""The most pieces sharderd asks PopART for, so the factor of the one serialized probe: its
+overflow proves the node does not fit as sharderd would run it (the message names the factor;
+more pieces are never tried). Each piece is a matmul of its own, run after the previous one, so
+the op pays its setup and exchange that many times: a cap keeps that bounded. A round power of two,
+not tuned: no compile, the fake's included, chose it."""
 SERIAL_OPS = frozenset({"MatMul"})
 
 
