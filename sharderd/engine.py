@@ -21,6 +21,7 @@ from sharderd.plan.types import Plan
 from sharderd.shard.amp import set_stage_amps
 from sharderd.shard.annotate import RoutedInput, annotate, check_annotation
 from sharderd.shard.convert import fix_static_shapes, to_fp16
+from sharderd.shard.matmul_serial import set_serialization
 from sharderd.shard.poprt_config import manual_sharding_yaml
 from sharderd.shard.write import copy_external_data, write_converted, write_model
 from sharderd.target import Target
@@ -102,13 +103,15 @@ def write_shard_files(
     *,
     link_external: bool = False,
     stage_amps: Sequence[float | None] | None = None,
+    matmul_serialization: Mapping[str, int] | None = None,
 ) -> ShardFiles:
     """Write ``<stem>.sharded.onnx`` (+ its external data) and ``<stem>.sharding.yaml``.
 
     At ``fp16`` (planned from an fp32 file) the weights are converted, so they are written anew:
     inline, or as ``<stem>.sharded.data`` beside the model when they pass protobuf's 2 GiB.
     ``stage_amps[s]`` (None: the session's option) goes on stage ``s``'s conv/matmul nodes as
-    ``__available_memory`` (``shard.amp``).
+    ``__available_memory`` (``shard.amp``); each MatMul named in ``matmul_serialization`` gets
+    PopART's ``__serialize_matmul_mode``/``__serialize_matmul_factor`` (``shard.matmul_serial``).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     model, routed = annotated_model(analysis, plan)
@@ -117,9 +120,11 @@ def write_shard_files(
         model, _ = to_fp16(model, analysis.loaded.path.parent)
         _check(model)
         set_stage_amps(model, stage_amps or ())
+        set_serialization(model, matmul_serialization or {})
         external = write_converted(model, model_path)
     else:
         set_stage_amps(model, stage_amps or ())
+        set_serialization(model, matmul_serialization or {})
         external = copy_external_data(
             analysis.loaded.external_files, analysis.loaded.path.parent, out_dir, link=link_external
         )

@@ -122,13 +122,16 @@ def _run_compiled(request: AttemptRequest, runtime: Any) -> AttemptOutcome:
 
 def _convert(request: AttemptRequest) -> tuple[str, str]:
     """PopRT's own flow before a compile: ``Converter(precision=...).convert`` and the
-    ``int64_to_int32`` pass, then the plan and any per-op ``__available_memory`` put back by node
-    name (PopRT applies manual sharding after conversion; a rebuilt graph loses the attributes). Writes ``<artifact>.converted.onnx``; returns its path and what changed."""
+    ``int64_to_int32`` pass, then the plan, any per-op ``__available_memory`` and any
+    ``__serialize_matmul_mode``/``__serialize_matmul_factor`` put back by node name (PopRT applies
+    manual sharding after conversion; a rebuilt graph loses the attributes). Writes
+    ``<artifact>.converted.onnx``; returns its path and what changed."""
     import poprt
     from poprt.converter import Converter
 
     from sharderd.graph.weights import read_model_proto, with_inlined
     from sharderd.shard.amp import node_amps
+    from sharderd.shard.matmul_serial import node_serialization, set_serialization
     from sharderd.shard.reannotate import reapply_annotation
     from sharderd.shard.write import write_converted
 
@@ -142,13 +145,20 @@ def _convert(request: AttemptRequest) -> tuple[str, str]:
         if any(a.name in (IPU_ATTR, STAGE_ATTR) for a in node.attribute)
     }
     amps = node_amps(model.graph)
+    serial = node_serialization(model.graph)
     converted = Converter(convert_version=11, precision=request.precision).convert(model)
     converted = poprt.Pass.get_pass("int64_to_int32")(converted)
     original = {node.name for node in model.graph.node}
     changes = reapply_annotation(converted, planned, original, amps)
+    set_serialization(converted, serial)
     path = f"{request.artifact}.converted.onnx"
     write_converted(converted, Path(path))
-    return path, changes.describe(request.precision)
+    text = changes.describe(request.precision)
+    if serial:
+        text += "; matmul serialization: " + ", ".join(
+            f"{n} ×{k}" for n, k in sorted(serial.items())
+        )
+    return path, text
 
 
 def _configure(

@@ -87,6 +87,8 @@ class AttemptRecord:
     probe: str | None = None
     """Set for a probe, saying what was compiled alone on one device ("node 'x'", "stage 3 of
     attempt 0"): evidence about memory, never a result."""
+    serializable: tuple[str, int] | None = None
+    """A probe's MatMul that PopART could serialize: (node, the factor to retry it with)."""
 
     def stage_amps(self) -> tuple[float, ...] | None:
         """Each stage's ``available_memory_proportion`` as compiled, when some stage has its own

@@ -83,6 +83,9 @@ class Probed:
     """Its predicted share of a device alone."""
     view: StageView
     model: Path
+    serial_factor: int = 0
+    """The factor PopART could serialize it with, if it ran out of memory alone
+    (``plan.matmul_serial.serial_factor``; 0: none)."""
 
 
 def encode_planned(planned: Planned) -> dict[str, Any]:
@@ -143,7 +146,8 @@ def decode_probed(data: Mapping[str, Any] | None) -> Probed | None:
         return None
     v = dict(data["view"])
     view = StageView(**{**v, "runs": tuple((int(a), int(b)) for a, b in v["runs"])})
-    return Probed(str(data["name"]), float(data["need"]), view, Path(data["model"]))
+    factor = int(data.get("serial_factor", 0))
+    return Probed(str(data["name"]), float(data["need"]), view, Path(data["model"]), factor)
 
 
 _NESTED = "__sharderd_error__"

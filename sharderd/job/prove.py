@@ -23,6 +23,7 @@ from sharderd.job.attempts import AttemptRecord, ProveResult, correction
 from sharderd.job.codec import ModelSummary
 from sharderd.job.session import PlanRequest, PlanSession, ProbeRequest
 from sharderd.job.verdict import ending, fewest_devices, probe_proof
+from sharderd.plan.matmul_serial import probe_proves
 from sharderd.plan.observations import AttemptKey, Observation, observe, stage_views
 from sharderd.plan.search import (
     Attempt,
@@ -153,6 +154,7 @@ class Prover:
             stem=self.spec.stem,
             measured_times=dict(self.state.measured_times or ()) or None,
             content=None if content.identity else content,
+            matmul_serialization=attempt.serialize,
         )
 
     async def _begin(self, tg: TaskGroup, attempt: Attempt, send: Outcomes) -> None:
@@ -166,7 +168,9 @@ class Prover:
             self.state = learn(self.state, Unplanned(attempt))
             return
         self.attempts.append(record)
-        started = Started(record.index, attempt, record.key, record.predicted_s)
+        started = Started(
+            record.index, attempt, record.key, record.predicted_s, serializable=record.serializable
+        )
         self.state = learn(self.state, started)
         amp: dict[str, Any] = {"amp": record.key.amp} if self.backend == "poprt" else {}
         if record.key.stage_amps is not None:
@@ -184,7 +188,7 @@ class Prover:
         if attempt.kind == "amp":
             return await self._amp_record(attempt, index)
         dry = await self.session.plan(self._request(attempt))
-        key = AttemptKey(dry.plan.digest, attempt.amp)
+        key = AttemptKey(dry.plan.digest, attempt.amp, serialize=attempt.serialize)
         if not worth_compiling(self.state, attempt, key, dry.plan.bottleneck_s):
             return None
         directory = self._fresh(index)
@@ -194,7 +198,7 @@ class Prover:
         record = AttemptRecord(
             index=index,
             label=attempt.label,
-            key=AttemptKey(planned.plan.digest, attempt.amp),
+            key=replace(key, digest=planned.plan.digest),
             margin=attempt.margin,
             scale=attempt.scale,
             orders=attempt.orders,
@@ -222,7 +226,7 @@ class Prover:
         written again with ``__available_memory`` on the lowered stages' conv/matmul nodes."""
         assert attempt.of is not None
         base = self.attempts[attempt.of]
-        key = AttemptKey(base.key.digest, attempt.amp, attempt.stage_amps)
+        key = replace(base.key, amp=attempt.amp, stage_amps=attempt.stage_amps)
         directory = self.workdir / f"attempt-{index}"
         retry = replace(base, index=index, label=attempt.label, key=key, directory=directory)
         had = base.request is not None and base.request.stage_amps is not None
@@ -242,15 +246,17 @@ class Prover:
     async def _probe(self, attempt: Attempt, index: int) -> AttemptRecord | None:
         """The node needing most of a device alone, to compile alone (``plan.probe``)."""
         path = self._fresh(index) / f"{self.spec.stem}.probe.onnx"
-        found = await self.session.probe(ProbeRequest(write_path=str(path)))
+        found = await self.session.probe(ProbeRequest(str(path), attempt.serialize))
         if found is None:
             return None
         self.emit("probe.planned", {"node": found.name, "need": round(found.need, 4)})
         what = f"node {found.name!r}"
+        serial = dict(attempt.serialize).get(found.name)
         return AttemptRecord(
             index=index,
-            label=f"probe: {what} alone on one device",
-            key=AttemptKey(f"probe:{found.name}", attempt.amp),
+            label=f"probe: {what} alone on one device"
+            + (f", matmul serialized ×{serial}" if serial else ""),
+            key=AttemptKey(f"probe:{found.name}", attempt.amp, serialize=attempt.serialize),
             margin=1.0,
             scale=(1.0,),
             orders=None,
@@ -260,6 +266,7 @@ class Prover:
             directory=self.workdir / f"attempt-{index}",
             request=None,
             probe=what,
+            serializable=(found.name, found.serial_factor) if found.serial_factor else None,
         )
 
     def _fresh(self, index: int) -> Path:
@@ -330,7 +337,8 @@ class Prover:
             )
         fatal: SharderdError | None = None
         if record.probe is not None:  # evidence about memory, never a result
-            if kind == "oom" and record.key.amp <= self.state.settings.lowest_amp:
+            started = self.state.attempts[record.index]
+            if kind == "oom" and probe_proves(started, self.state.settings.lowest_amp):
                 fatal = probe_proof(record, outcome, self.spec.devices, self.target)
         elif kind == "invalid" and outcome.cause == "verification":
             fatal = VerificationError(outcome.message)

@@ -126,6 +126,7 @@ async def shard_job(
     summary: ModelSummary | None = None
     attempts: list[dict[str, Any]] = []
     stage_amps: tuple[float, ...] | None = None  # each stage's AMP as compiled (PopRT only)
+    serialized_matmuls: tuple[tuple[str, int], ...] = ()  # PopART's matmul serialization
 
     def partial(
         status: str, error: SharderdError, plan: Mapping[str, Any] | None = None
@@ -194,6 +195,7 @@ async def shard_job(
             if backend == "poprt":
                 chosen = proven.chosen
                 stage_amps = chosen.stage_amps() or (chosen.key.amp,) * final.plan.devices
+                serialized_matmuls = chosen.key.serialize
     except NoSplitError as err:
         raise JobFailed(err, partial(err.reason, err)) from None
     except JobFailed:
@@ -220,7 +222,9 @@ async def shard_job(
         model=summary.facts,
         warnings=list(summary.warnings),
         target=target,
-        plan=plan_section(final.plan, config.plan.batch_size, final.files.routed, stage_amps),
+        plan=plan_section(
+            final.plan, config.plan.batch_size, final.files.routed, stage_amps, serialized_matmuls
+        ),
         batch_size=config.plan.batch_size,
         status=status,
         backend=backend,

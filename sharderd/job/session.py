@@ -67,6 +67,9 @@ class PlanRequest:
     stage_amps: tuple[float | None, ...] | None = None
     """Per stage, the ``available_memory_proportion`` written on its conv/matmul nodes (None:
     the session's option); only what is written changes, never the split."""
+    matmul_serialization: tuple[tuple[str, int], ...] = ()
+    """MatMuls written with PopART's serialization, (node, factor) (``plan.matmul_serial``);
+    only what is written changes, never the split."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,8 @@ class ProbeRequest:
     """Pick the node to compile alone and write it to ``write_path``."""
 
     write_path: str
+    matmul_serialization: tuple[tuple[str, int], ...] = ()
+    """Write it with PopART's serialization when it is named here (the serialized probe)."""
 
 
 class PlanService:
@@ -132,6 +137,7 @@ class PlanService:
                 request.stem,
                 link_external=request.link_external,
                 stage_amps=request.stage_amps,
+                matmul_serialization=dict(request.matmul_serialization),
             )
         except OSError as exc:
             raise OutputWriteError(
@@ -142,7 +148,7 @@ class PlanService:
 
     def probe(self, request: ProbeRequest) -> Probed | None:
         """The node worth compiling alone, with its model written, or None (``plan.probe``)."""
-        from sharderd.plan.probe import probe_target
+        from sharderd.plan.probe import probe_factor, probe_target
         from sharderd.shard.node_model import write_node_model
 
         found = probe_target(self.analysis, self.target)
@@ -150,14 +156,16 @@ class PlanService:
             return None
         name, view = found
         path = Path(request.write_path)
+        serial = dict(request.matmul_serialization)
         try:
-            write_node_model(self.analysis, view.runs[0][0], path)
+            write_node_model(self.analysis, view.runs[0][0], path, serial)
         except OSError as exc:
             raise OutputWriteError(
                 f"cannot write the probe model to {path}: {exc.strerror or exc}",
                 hint="free space or fix permissions on the output folder, then retry the job",
             ) from None
-        return Probed(name, view.predicted, view, path)
+        factor = probe_factor(self.analysis, view.runs[0][0])
+        return Probed(name, view.predicted, view, path, factor)
 
 
 class PlanSession(Protocol):
@@ -278,9 +286,14 @@ def plan_request_from(data: Mapping[str, Any]) -> PlanRequest:
     for key in ("memory_scale", "orders", "stage_amps"):
         if fields.get(key) is not None:
             fields[key] = tuple(fields[key])
+    fields["matmul_serialization"] = _pairs(fields.get("matmul_serialization"))
     fields["content"] = decode_content(fields.get("content"))
     return PlanRequest(**fields)
 
 
 def probe_request_from(data: Mapping[str, Any]) -> ProbeRequest:
-    return ProbeRequest(write_path=str(data["write_path"]))
+    return ProbeRequest(str(data["write_path"]), _pairs(data.get("matmul_serialization")))
+
+
+def _pairs(data: Any) -> tuple[tuple[str, int], ...]:
+    return tuple((str(name), int(k)) for name, k in data or ())

@@ -15,6 +15,7 @@ from sharderd.errors import (
 )
 from sharderd.job.attempts import AttemptRecord, ProveResult
 from sharderd.job.session import PlanRequest, PlanSession
+from sharderd.plan.matmul_serial import SERIAL_MODE
 from sharderd.plan.oom import OomInfo
 from sharderd.plan.search import Verdict
 from sharderd.target import Target
@@ -28,9 +29,14 @@ def probe_proof(
 ) -> PlanInfeasibleError:
     """Ground (c): one node compiled alone on one device at the lowest AMP ran out of memory."""
     oom = outcome.oom
+    serial = "".join(
+        f" even with its matmul serialized ×{k} (__serialize_matmul_mode {SERIAL_MODE}, the most "
+        f"pieces sharderd asks for)"
+        for _, k in record.key.serialize
+    )
     error = PlanInfeasibleError(
         f"the model does not fit on {devices} × {target.name}: {record.probe} compiled alone on one "
-        f"device at available_memory_proportion {record.key.amp:g} (attempt {record.index}) ran out "
+        f"device at available_memory_proportion {record.key.amp:g}{serial} (attempt {record.index}) ran out "
         f"of memory{_worst_tile(oom, target)}, and every split holds it on some device, so no number of devices helps",
         grounds="probe",
         hint="reduce batch_size or the op's size, or use a target with more memory",

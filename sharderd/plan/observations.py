@@ -31,12 +31,15 @@ Runs = tuple[tuple[int, int], ...]
 
 @dataclass(frozen=True, slots=True)
 class AttemptKey:
-    """What makes two compiles the same: the split and the AMP (no split is compiled twice)."""
+    """What makes two compiles the same: the split, the AMP and any matmul serialization (no split
+    is compiled twice)."""
 
     digest: str
     amp: float
     stage_amps: tuple[float, ...] | None = None
     """Each stage's AMP when some stage has its own (``__available_memory``); None: all ``amp``."""
+    serialize: tuple[tuple[str, int], ...] = ()
+    """MatMuls compiled with PopART's serialization, (node, factor) (``plan.matmul_serial``)."""
 
     def amp_on(self, device: int | None) -> float:
         """The AMP that device's conv/matmuls were compiled with (no device: the lowest)."""

@@ -7,11 +7,12 @@ import numpy as np
 
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.bounds import memory_floor
+from sharderd.plan.matmul_serial import serial_factor
 from sharderd.plan.observations import StageView
 from sharderd.plan.op_costs import node_code_bytes
 from sharderd.target import Target
 
-__all__ = ["PROBE_MIN_NEED", "probe_target"]
+__all__ = ["PROBE_MIN_NEED", "probe_factor", "probe_target"]
 
 PROBE_MIN_NEED = 0.5
 """Probe a node only when the model says it needs at least this share of a device alone. The probe
@@ -34,3 +35,11 @@ def probe_target(analysis: Analysis, target: Target) -> tuple[str, StageView] | 
     code_share = min(1.0, float(node_code_bytes(analysis, target)[node]) / max(raw, 1.0))
     view = StageView(0, raw / capacity, ((node, node + 1),), code_share)
     return analysis.flow.node_names[node], view
+
+
+def probe_factor(analysis: Analysis, node: int) -> int:
+    """The matmul serialization factor a probe of node ``node`` (file index) is retried with when
+    it overflows (``plan.matmul_serial.serial_factor``; 0: none)."""
+    proto = analysis.model.graph.node[node]
+    known = analysis.shapes.types.get(proto.output[0]) if proto.output else None
+    return serial_factor(proto.op_type, None if known is None else known.shape)

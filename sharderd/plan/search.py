@@ -12,8 +12,10 @@ from typing import Literal
 
 from sharderd.errors import NoSplitError, PlanInfeasibleError, SharderdError
 from sharderd.plan.content import ContentCorrection
+from sharderd.plan.matmul_serial import Serialization, learned, serial_probe
 from sharderd.plan.memory_model import HEADROOM, UNKNOWN_OVER, amp_closing, content_model
 from sharderd.plan.observations import AttemptKey, Observation
+from sharderd.plan.perf import PERF_BAND, perf_variants, worth_compiling
 from sharderd.plan.stage_amp import stage_retry
 
 __all__ = [
@@ -31,11 +33,6 @@ __all__ = [
     "verdict",
     "worth_compiling",
 ]
-
-PERF_BAND = 0.9
-"""``--optimal-perf`` compiles a variant only if its predicted time, calibrated by the best ratio of
-measured to predicted so far, is 10% under the best measured period: the cost model's error between
-two splits of one model is of that order, so a smaller predicted gain is a coin toss."""
 
 Kind = Literal["plan", "speculative", "roomy", "verdict", "probe", "amp", "perf", "calibrate"]
 
@@ -73,6 +70,7 @@ class Attempt:
     of: int | None = None
     """An AMP retry compiles this attempt's split again."""
     stage_amps: tuple[float, ...] | None = None  # each stage's AMP when some have their own
+    serialize: Serialization = ()  # MatMuls written with PopART's serialization (matmul_serial)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +83,7 @@ class Started:
     """None while running; else the backend's outcome (ok, oom, invalid, crashed, timeout)."""
     period_s: float | None = None
     throughput: float | None = None
+    serializable: tuple[str, int] | None = None  # a probe's MatMul: (name, factor) to retry with
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +135,7 @@ class SearchState:
     settled: NoSplitError | None = None
     error: SharderdError | None = None
     measured_times: tuple[tuple[str, float], ...] | None = None
+    serialized: Serialization = ()  # what every plan writes, once a serialized probe fit
 
     def overflows(self) -> tuple[Observation, ...]:
         return tuple(o for o in self.observations if not o.fits)
@@ -158,7 +158,7 @@ class SearchState:
     def tried(self) -> frozenset[AttemptKey]:
         """Every started key; a split that overflowed at a lower AMP overflows at the default too."""
         lower = {
-            AttemptKey(a.key.digest, self.settings.default_amp)
+            replace(a.key, amp=self.settings.default_amp, stage_amps=None)
             for a in self.attempts
             if a.outcome == "oom" and a.key.lowest < self.settings.default_amp
         }
@@ -190,6 +190,7 @@ class SearchState:
             self.scales(),
             content,
             self.settings.default_amp,
+            serialize=self.serialized,
         )
 
 
@@ -219,6 +220,7 @@ def learn(state: SearchState, event: Started | Finished | Unplanned) -> SearchSt
     )
     attempts = tuple(done if a.index == event.index else a for a in state.attempts)
     s = replace(state, attempts=attempts, observations=(*state.observations, *event.observations))
+    s = learned(state, s, done)
     if event.fatal is not None and s.error is None:
         s = replace(s, error=event.fatal)
     if event.node_times and s.settings.calibrate and s.measured_times is None:
@@ -278,7 +280,9 @@ def _proposals(s: SearchState, best: Started | None) -> tuple[Attempt, ...]:
     if best is not None:
         if s.measured_times is not None:
             return (s.plan_attempt("calibrate"),)
-        return _perf_variants(s, best) if cfg.optimal_perf else ()
+        return perf_variants(s, best) if cfg.optimal_perf else ()
+    if (serial := serial_probe(s)) is not None:
+        return (serial,)
     if s.settled is not None:
         if not s.attempts:
             return _probe(s)
@@ -310,35 +314,6 @@ def _probe(s: SearchState) -> tuple[Attempt, ...]:
         return ()
     lowest = s.settings.lowest_amp
     return (Attempt("probe", "probe", 1.0, (1.0,), ContentCorrection(), lowest),)
-
-
-def _perf_variants(s: SearchState, best: Started) -> tuple[Attempt, ...]:
-    if best.period_s is None:
-        return ()
-    margins = sorted({s.margin, *s.settings.speculative_margins})
-    base = s.plan_attempt()
-    return tuple(
-        replace(base, kind="perf", label="optimal-perf variant", margin=m, orders=o)
-        for m in margins
-        for o in (None, ("file",), ("depth_first",))
-    )
-
-
-def worth_compiling(
-    state: SearchState, attempt: Attempt, key: AttemptKey, predicted_s: float
-) -> bool:
-    """Whether a planned split is worth a compile: never a tried one; under ``--optimal-perf`` a
-    variant only if its calibrated prediction beats the best measured period (``PERF_BAND``)."""
-    if key in state.tried():
-        return False
-    if attempt.kind != "perf":
-        return True
-    measured = [a for a in state.attempts if a.period_s and a.predicted_s > 0]
-    best = state.best()
-    if best is None or best.period_s is None or not measured:
-        return False
-    ratio = min(a.period_s / a.predicted_s for a in measured if a.period_s)
-    return predicted_s * ratio * PERF_BAND < best.period_s
 
 
 def _amp_retry(s: SearchState) -> tuple[Attempt | None, str]:
@@ -383,7 +358,7 @@ def _amp_retry(s: SearchState) -> tuple[Attempt | None, str]:
             f"{max(0.0, lowest - cap) * 100:.0f}% of a tile off device {o.device}'s worst tile "
             f"(attempt {base.index}), which is {(need - 1) * 100:.0f}% over"
         )
-    if AttemptKey(base.key.digest, amp) in s.tried():
+    if AttemptKey(base.key.digest, amp, None, base.key.serialize) in s.tried():
         return None, ""
     label = f"available_memory_proportion {amp:g}"
     return replace(base.attempt, kind="amp", label=label, amp=amp, of=base.index), ""

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sharderd.plan.memory_model import UNKNOWN_OVER, amp_closing
-from sharderd.plan.observations import AttemptKey, Observation
+from sharderd.plan.observations import Observation
 
 if TYPE_CHECKING:
     from sharderd.plan.search import Attempt, SearchState, Started
@@ -56,7 +56,7 @@ def stage_retry(
     amps[device] = level
     if spread:
         amps = [min(a, level) for a in amps]
-    if AttemptKey(base.key.digest, base.key.amp, tuple(amps)) in s.tried():
+    if replace(base.key, stage_amps=tuple(amps)) in s.tried():
         return None, ""
     where = (
         f"every stage above it (device {device} overflowed too)" if spread else f"stage {device}"

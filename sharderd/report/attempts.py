@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sharderd.report.build import serialization_list
+
 if TYPE_CHECKING:
     from sharderd.job.attempts import AttemptRecord
 
@@ -16,6 +18,12 @@ def _per_stage(record: AttemptRecord) -> dict[str, Any]:
     return {} if amps is None else {"stage_available_memory_proportion": list(amps)}
 
 
+def _serialized(record: AttemptRecord) -> dict[str, Any]:
+    """``matmul_serialization``: the MatMuls written with PopART's serialization, when any."""
+    pairs = record.key.serialize
+    return {"matmul_serialization": serialization_list(pairs)} if pairs else {}
+
+
 def attempt_dict(record: AttemptRecord) -> dict[str, Any]:
     out = record.outcome
     data: dict[str, Any] = {
@@ -26,6 +34,7 @@ def attempt_dict(record: AttemptRecord) -> dict[str, Any]:
             "available_memory_proportion": record.key.amp,
             "safety_margin": record.margin,
             **_per_stage(record),
+            **_serialized(record),
         },
         "memory_scale": list(record.scale),
         "predicted_bottleneck_s": record.predicted_s,

@@ -14,6 +14,7 @@ import onnx
 
 from sharderd import __version__
 from sharderd.graph.analyze import Analysis
+from sharderd.plan.matmul_serial import SERIAL_MODE
 from sharderd.plan.types import Plan
 from sharderd.shard.annotate import RoutedInput
 from sharderd.shard.serialize import Serialized
@@ -26,6 +27,7 @@ __all__ = [
     "nodes_phrase",
     "plan_section",
     "report_dict",
+    "serialization_list",
     "target_facts",
 ]
 
@@ -116,9 +118,11 @@ def plan_section(
     batch_size: int,
     routed: Sequence[RoutedInput] = (),
     stage_amps: Sequence[float] | None = None,
+    matmul_serialization: Sequence[tuple[str, int]] = (),
 ) -> dict[str, Any]:
     """``stage_amps``: each stage's ``available_memory_proportion`` as compiled (PopRT only),
-    added to its stage as ``available_memory_proportion``."""
+    added to its stage as ``available_memory_proportion``; ``matmul_serialization``: the MatMuls
+    written with PopART's serialization, (node, factor)."""
     stages = [asdict(s) for s in plan.stages]
     if stage_amps is not None:
         for stage, amp in zip(stages, stage_amps, strict=True):
@@ -149,6 +153,7 @@ def plan_section(
             for c, tensors in sorted(cuts.items())
         ],
         "routed_inputs": [asdict(r) for r in routed],
+        "matmul_serialization": serialization_list(matmul_serialization),
         "planner": {"probes": plan.probes, "timings_s": dict(plan.timings_s)},
     }
 
@@ -211,3 +216,9 @@ def serialized_section(
         }
         for r in records
     ]
+
+
+def serialization_list(pairs: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
+    """``plan.matmul_serialization`` / ``attempts[].options.matmul_serialization``: each MatMul
+    written with PopART's ``__serialize_matmul_mode`` / ``__serialize_matmul_factor``."""
+    return [{"node": name, "mode": SERIAL_MODE, "factor": k} for name, k in pairs]

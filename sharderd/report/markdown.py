@@ -71,6 +71,18 @@ def _amp_lines(plan: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _serial_lines(plan: Mapping[str, Any]) -> list[str]:
+    """The MatMuls PopART computes in pieces (older reports: none)."""
+    pieces = plan.get("matmul_serialization") or []
+    if not pieces:
+        return []
+    return [
+        "- matmul serialization (PopART computes the op in pieces, one after the other, on its "
+        "device; the node ran out of memory alone without it): "
+        + ", ".join(f"`{p['node']}` {p['mode']} ×{p['factor']}" for p in pieces)
+    ]
+
+
 def _balance(times: list[float]) -> str:
     return f"{max(times) / (sum(times) / len(times)):.2f}" if times and sum(times) > 0 else "-"
 
@@ -163,6 +175,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             )
             + f"); safety margin {plan['safety_margin']:g}; plan digest `{plan['digest']}`",
             *_amp_lines(plan),
+            *_serial_lines(plan),
             *(
                 [
                     f"- split by `{plan['method']}`"

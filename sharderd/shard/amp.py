@@ -23,6 +23,7 @@ __all__ = [
     "set_amp",
     "set_stage_amps",
     "stage_amps_of",
+    "walk_nodes",
 ]
 
 AMP_ATTR = "__available_memory"
@@ -30,15 +31,16 @@ AMP_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 """The ops PopART plans with the conv/matmul planner (a Gemm is lowered to a matmul)."""
 
 
-def _walk(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+def walk_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of ``graph``, then of the bodies of its If/Loop/Scan nodes, depth first."""
     for node in graph.node:
         yield node
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _walk(attr.g)
+                yield from walk_nodes(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for body in attr.graphs:
-                    yield from _walk(body)
+                    yield from walk_nodes(body)
 
 
 def _stage(node: onnx.NodeProto) -> int | None:
@@ -60,7 +62,7 @@ def set_stage_amps(model: onnx.ModelProto, amps: Sequence[float | None]) -> int:
     included: they carry their node's stage); None leaves a stage at the session's option.
     Returns how many nodes were set."""
     count = 0
-    for node in _walk(model.graph):
+    for node in walk_nodes(model.graph):
         stage = _stage(node)
         if node.op_type not in AMP_OPS or stage is None or stage >= len(amps):
             continue

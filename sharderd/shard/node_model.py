@@ -8,12 +8,14 @@ so shape and axis operands stay constants for the compiler.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import onnx
 
 from sharderd.graph.analyze import Analysis
 from sharderd.graph.weights import with_inlined
+from sharderd.shard.matmul_serial import set_serialization
 from sharderd.shard.split import standalone_model
 from sharderd.shard.write import write_converted
 
@@ -52,9 +54,14 @@ def node_model(analysis: Analysis, node: int) -> onnx.ModelProto:
     return with_inlined(alone, analysis.loaded.path.parent)
 
 
-def write_node_model(analysis: Analysis, node: int, path: Path) -> Path:
+def write_node_model(
+    analysis: Analysis, node: int, path: Path, serialization: Mapping[str, int] | None = None
+) -> Path:
+    """Write node ``node`` alone, with PopART's matmul serialization if ``serialization`` names it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_converted(node_model(analysis, node), path)
+    model = node_model(analysis, node)
+    set_serialization(model, serialization or {})
+    write_converted(model, path)
     return path
 
 

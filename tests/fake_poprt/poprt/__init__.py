@@ -26,7 +26,9 @@ Environment knobs, read at every compile:
 
 A conv/matmul/Gemm node's FLOAT ``__available_memory`` attribute replaces the session's
 ``available_memory_proportion`` for that op's temporaries, as PopART reads it; out of (0, 1] it
-is refused with the session option's text.
+is refused with the session option's text. A MatMul's ``__serialize_matmul_mode`` (not ``none``)
+with ``__serialize_matmul_factor`` k divides its temporaries by k (the fake's model); the log's
+``serialized_matmuls`` maps each such node to k.
 
 As in Poplar, ``POPLAR_ENGINE_OPTIONS`` with ``debug.allowOutOfMemory`` (or ``autoReport.all``)
 turns a real out-of-memory into the numberless "Cannot fit all variable data" text.

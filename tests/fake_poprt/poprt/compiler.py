@@ -4,7 +4,9 @@ The compile checks what PopART checks, in PopART's order and with its texts (pop
 then costs every IPU the way a tiled machine fills up: weights on every IPU that reads them,
 activations by a liveness walk over that IPU's schedule (with matmul/conv temporaries that
 shrink with ``available_memory_proportion``: the op's own ``__available_memory`` FLOAT attribute
-when it has one, as PopART reads it, else the session option), code per op type, exchange buffers for tensors
+when it has one, as PopART reads it, else the session option; a MatMul serialized by
+``__serialize_matmul_mode``/``__serialize_matmul_factor`` k has 1/k of them: the fake's own model
+of PopART computing it as k pieces one after the other, not a fact), code per op type, exchange buffers for tensors
 crossing IPUs and host streams. The worst tile is the mean per-tile load × an imbalance factor
 plus a fixed per-tile overhead; over the limit raises Poplar's "Out of memory on tile" text for
 the lowest-numbered failing IPU. Three further families make the worst tile something else than a
@@ -46,6 +48,9 @@ _VGRAPH_MODES = {
 _VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 _PLANNED_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
 AMP_ATTR = "__available_memory"
+SERIAL_MODE_ATTR = "__serialize_matmul_mode"
+SERIAL_FACTOR_ATTR = "__serialize_matmul_factor"
+_SERIAL_MODES = frozenset({"none", "input_channels", "reducing_dim", "output_channels"})
 _KEEP_INIT_BYTES = 4096
 _SCRATCH_OPS = frozenset(
     {"Softmax", "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "TopK"}
@@ -279,6 +284,7 @@ def _compile_logged(
         raise RuntimeError("availableMemoryProportion must be in (0,1]")
     graph = _Graph(proto)
     record["op_amps"] = sorted(set(graph.amps.values()))
+    record["serialized_matmuls"] = {graph.nodes[k].name: f for k, f in sorted(graph.pieces.items())}
     for value in graph.amps.values():
         if not 0 < value <= 1:
             raise RuntimeError("availableMemoryProportion must be in (0,1]")
@@ -359,10 +365,16 @@ class _Graph:
             if a.name == AMP_ATTR and a.type == onnx.AttributeProto.FLOAT
         }
         """Node index → its own ``__available_memory`` (PopART reads it on conv/matmul ops)."""
+        self.pieces = _serialized(self.nodes)
+        """MatMul index → the pieces ``__serialize_matmul_*`` cut it into (only those above 1)."""
 
     def amp(self, index: int, options: CompilerOptions) -> float:
         """The cap on this op's temporaries: its own attribute, else the session's option."""
         return self.amps.get(index, options.available_memory_proportion)
+
+    def temp_share(self, index: int) -> float:
+        """The share of its temporaries an op needs at a time: 1/k for a MatMul in k pieces."""
+        return 1.0 / self.pieces.get(index, 1)
 
     def bytes_of(self, name: str) -> int:
         if name in self.weights:
@@ -384,6 +396,25 @@ class _Graph:
         opid = f"ai.onnx.{node.op_type}:{self.opset}"
         head = f"{node.name} ({opid})" if node.name else opid
         return f"Op({head}, outputs=[{', '.join(node.output)}])"
+
+
+def _serialized(nodes: Sequence[onnx.NodeProto]) -> dict[int, int]:
+    """MatMul index → its serialization factor, when its mode is not ``none`` and the factor is
+    above 1; an unknown mode or a factor below 1 is refused (the fake's own text)."""
+    out: dict[int, int] = {}
+    for k, node in enumerate(nodes):
+        attrs = {a.name: a for a in node.attribute}
+        if node.op_type != "MatMul" or SERIAL_MODE_ATTR not in attrs:
+            continue
+        mode = attrs[SERIAL_MODE_ATTR].s.decode()
+        factor = attrs[SERIAL_FACTOR_ATTR].i if SERIAL_FACTOR_ATTR in attrs else 1
+        if mode not in _SERIAL_MODES or factor < 1:
+            raise RuntimeError(
+                f"Invalid matmul serialization on {node.name}: mode {mode!r}, factor {factor}"
+            )
+        if mode != "none" and factor > 1:
+            out[k] = int(factor)
+    return out
 
 
 def _proto_bytes(tensor: onnx.TensorProto) -> int:
@@ -625,7 +656,12 @@ def _largest_op_tile(
         operands = graph.operand_bytes(k)
         weights = sum(graph.weights.get(n, 0) for n in node.input if n) * truth.weight_factor
         temp = (
-            truth.temp_factor * partials * operands * graph.amp(k, options) / 0.6
+            truth.temp_factor
+            * partials
+            * operands
+            * graph.amp(k, options)
+            / 0.6
+            * graph.temp_share(k)
             if node.op_type in _PLANNED_OPS
             else 0.0
         )
@@ -704,7 +740,7 @@ def _activation_peak(
         operands = graph.operand_bytes(k)
         if node.op_type in _PLANNED_OPS:
             amp = graph.amp(k, options)
-            planned = truth.temp_factor * partials * operands * amp / 0.6
+            planned = truth.temp_factor * partials * operands * amp / 0.6 * graph.temp_share(k)
             temp[position[k]] = min(planned, amp * knobs.tile_bytes * compute_tiles)
         elif node.op_type in _SCRATCH_OPS:
             temp[position[k]] = truth.scratch_factor * operands
