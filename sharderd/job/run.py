@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import anyio
 import onnx
 
 from sharderd.backends.pool import AttemptPool
@@ -35,7 +36,7 @@ from sharderd.report.build import as_given, plan_section, report_dict, serialize
 from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
 from sharderd.shard.serialize import Serialized
-from sharderd.shard.serialize_file import serialize_file
+from sharderd.shard.serialize_bottleneck import serialize_for_devices
 
 __all__ = ["JobFailed", "JobResult", "JobSpec", "shard_job", "write_report"]
 
@@ -106,9 +107,15 @@ async def shard_job(
     serialized: tuple[Serialized, ...] = ()
     if config.plan.serialize:
         try:
-            model_path, serialized = serialize_file(
-                spec.model, config.plan, target, workdir / "serialized"
+            serializing = await anyio.to_thread.run_sync(
+                serialize_for_devices,
+                spec.model,
+                config.plan,
+                target,
+                spec.devices,
+                workdir / "serialized",
             )
+            model_path, serialized = serializing.path, serializing.records
         except SharderdError as err:
             raise JobFailed(err, None) from None
     session: PlanSession
