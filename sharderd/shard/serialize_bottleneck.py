@@ -42,6 +42,9 @@ class SerializedModel:
     records: tuple[Serialized, ...]
     analysis: Analysis | None
     """The analysis of ``path`` made while deciding (the caller's to reuse), or None."""
+    tried: tuple[dict[str, int], float, float] | None = None
+    """When a bottleneck rewrite was planned, kept or not: the pieces asked for (node → k) and the
+    first plan's bottleneck before and after (seconds)."""
 
 
 def serialize_for_devices(
@@ -75,13 +78,14 @@ def serialize_for_devices(
     written.append(out)
     serialized = analyze_file(out, config)
     after = _bottleneck(serialized, target, devices, config)
+    tried = ({r.node: r.pieces for r in done}, before, np.inf if after is None else after)
     if after is None or not worth_keeping(before, after):
         for file in written:
             with contextlib.suppress(FileNotFoundError):
                 file.unlink()
-        return SerializedModel(first, records, analysis)
+        return SerializedModel(first, records, analysis, tried)
     why = tuple(replace(r, reason="bottleneck", bottleneck_s=(before, after)) for r in done)
-    return SerializedModel(out, records + why, serialized)
+    return SerializedModel(out, records + why, serialized, tried)
 
 
 def _limits(analysis: Analysis, dear: np.ndarray, cut: set[str]) -> np.ndarray:
