@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import anyio
 import onnx
 
 from sharderd.backends.pool import AttemptPool
@@ -107,13 +106,8 @@ async def shard_job(
     serialized: tuple[Serialized, ...] = ()
     if config.plan.serialize:
         try:
-            serializing = await anyio.to_thread.run_sync(
-                serialize_for_devices,
-                spec.model,
-                config.plan,
-                target,
-                spec.devices,
-                workdir / "serialized",
+            serializing = serialize_for_devices(
+                spec.model, config.plan, target, spec.devices, workdir / "serialized"
             )
             model_path, serialized = serializing.path, serializing.records
         except SharderdError as err:
