@@ -68,7 +68,8 @@ def plan(
     ``target`` is a name (``targets()``) or a ``Target``; ``None`` takes the config's ``[target]``
     (``ipu-mk2`` by default). ``input_shapes``, ``dims``, ``batch_size`` and ``precision`` amend
     the config's ``[plan]`` as ``sharderd plan``'s flags do. ``serialize=False`` never rewrites a
-    node too big for one device into pieces (``--no-serialize``; see README "When one op is too big").
+    node into pieces, neither one too big for one device nor one whose own cost holds the
+    bottleneck up (``--no-serialize``; see README "When one op is too big").
 
     Raises:
         PlanInfeasibleError: no split onto ``devices`` fits (exit code 3).
@@ -76,17 +77,14 @@ def plan(
     """
     from sharderd.engine import analyze_file, make_plan
     from sharderd.report.build import plan_section
-    from sharderd.shard.serialize_file import serialized_for_plan
+    from sharderd.shard.serialize_bottleneck import serialized_for_plan
 
     cfg, target_name = _config(config, target, input_shapes, dims, batch_size, precision, serialize)
     with (
         _model_file(model, _IN_MEMORY_STEM) as path,
-        serialized_for_plan(path, cfg, target_name) as (
-            planned_path,
-            _,
-        ),
+        serialized_for_plan(path, cfg, target_name, devices) as chosen,
     ):
-        analysis = analyze_file(planned_path, cfg.plan)
+        analysis = chosen.analysis or analyze_file(chosen.path, cfg.plan)
         planned = make_plan(analysis, cfg.target(target_name), devices, cfg.plan)
     flow, stage_of = analysis.flow, planned.assignment
     nodes: list[list[tuple[str, str]]] = [[] for _ in range(planned.devices)]

@@ -460,5 +460,6 @@ def test_examples_registry_lists_every_small_builder() -> None:
         "multi_io",
         "chain",
         "tiled_tail",
+        "wide_head",
     }
     assert examples.EXAMPLES["chain"]().graph.name == "chain"

@@ -32,13 +32,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         serialized_section,
     )
     from sharderd.report.markdown import render_markdown
-    from sharderd.shard.serialize_file import serialized_for_plan
+    from sharderd.shard.serialize_bottleneck import serialized_for_plan
 
     config = config_from_args(args)
     target = config.target(args.target)
     started = time.perf_counter()
-    with serialized_for_plan(args.model, config, args.target) as (path, serialized):
-        analysis = analyze_file(path, config.plan)
+    with serialized_for_plan(args.model, config, args.target, args.devices) as chosen:
+        analysis = chosen.analysis or analyze_file(chosen.path, config.plan)
+    serialized = chosen.records
     analyzed = time.perf_counter()
     plan = make_plan(analysis, target, args.devices, config.plan)
     stage_of = dict(zip(analysis.flow.node_names, map(int, plan.assignment), strict=True))

@@ -63,7 +63,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-serialize",
         action="store_true",
-        help="never rewrite a node too big for one device into pieces (plan.serialize = false)",
+        help="never rewrite a node into pieces, too big for one device or holding the bottleneck up (plan.serialize = false)",
     )
 
 

@@ -58,7 +58,7 @@ class PlanConfig:
     keep_dynamic: bool = False
     """Write the sharded model with the input dims as the file had them, instead of the planned static shapes."""
     serialize: bool = True
-    """Rewrite a node whose weights alone exceed one device (an embedding Gather, a MatMul/Gemm with a constant weight) into pieces before planning (``--no-serialize``: never)."""
+    """Rewrite a node into pieces before planning: one whose weights alone exceed one device (an embedding Gather, a MatMul/Gemm with a constant weight), or a MatMul/Gemm with a constant weight whose own time holds the bottleneck up, when that lowers it by more than 10% (``--no-serialize``: never)."""
     safety_margin: float = 1.15
     """Predicted memory × margin must fit a device; absorbs fragmentation and model error."""
     name_nodes: bool = False

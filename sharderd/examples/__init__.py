@@ -23,6 +23,7 @@ from sharderd.examples.resnet import cnn
 from sharderd.examples.shared_mlp import shared_weights
 from sharderd.examples.sparse_external import large_external_model
 from sharderd.examples.tiled_tail import tiled_tail
+from sharderd.examples.wide_head import wide_head
 from sharderd.examples.write import save
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "shared_weights",
     "tiled_tail",
     "transformer",
+    "wide_head",
     "with_if",
 ]
 
@@ -48,5 +50,6 @@ EXAMPLES: Mapping[str, Callable[..., onnx.ModelProto]] = {
     "multi_io": multi_io,
     "chain": chain,
     "tiled_tail": tiled_tail,
+    "wide_head": wide_head,
 }
 """Builders by name, for ``sharderd example-model <name>``; all take keyword options only."""

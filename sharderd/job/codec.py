@@ -24,6 +24,7 @@ from sharderd.plan.types import CutTensor, Plan, StageCost
 
 if TYPE_CHECKING:  # the engine (onnx) loads only where a plan is written or read back
     from sharderd.engine import ShardFiles
+    from sharderd.shard.serialize import Serialized
 
 __all__ = [
     "ModelSummary",
@@ -60,17 +61,38 @@ class ModelSummary:
     input_shapes: Mapping[str, tuple[int, ...]]
     analyze_s: float
     """Seconds to load and analyse the model."""
+    serialized: tuple[Serialized, ...] = ()
+    """The nodes rewritten into pieces before analysis (``shard.serialize_bottleneck``)."""
 
 
 def encode_summary(summary: ModelSummary) -> dict[str, Any]:
     return asdict(summary)
 
 
+def _serialized(data: Mapping[str, Any]) -> Serialized:
+    from sharderd.shard.serialize import Serialized
+
+    before_after = data.get("bottleneck_s")
+    return Serialized(
+        **{
+            **data,
+            "piece_nodes": tuple(data["piece_nodes"]),
+            "bottleneck_s": None if before_after is None else tuple(before_after),
+        }
+    )
+
+
 def decode_summary(data: Mapping[str, Any]) -> ModelSummary:
     shapes = {str(k): tuple(int(d) for d in v) for k, v in dict(data["input_shapes"]).items()}
     warnings = tuple(str(w) for w in data["warnings"])
+    serialized = tuple(_serialized(r) for r in data.get("serialized", ()))
     return ModelSummary(
-        dict(data["facts"]), warnings, str(data["precision"]), shapes, float(data["analyze_s"])
+        dict(data["facts"]),
+        warnings,
+        str(data["precision"]),
+        shapes,
+        float(data["analyze_s"]),
+        serialized,
     )
 
 

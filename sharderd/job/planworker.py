@@ -1,6 +1,6 @@
 """``python -m sharderd.job.planworker``: a PlanService behind JSON lines on stdin/stdout.
 
-The first line configures it (model, plan config, target); each later line is ``summary``,
+The first line configures it (model, plan config, target, what to serialize); each later line is ``summary``,
 ``plan`` or ``probe``. Every answer is one line ``{"ok": true, "result": ...}`` or ``{"ok": false, "error":
 ...}``. Expected failures are answers; anything else is a crash the parent reports.
 """
@@ -15,7 +15,12 @@ from typing import Any
 from sharderd.config import PlanConfig, load_table
 from sharderd.errors import SharderdError
 from sharderd.job.codec import encode_error, encode_planned, encode_probed, encode_summary
-from sharderd.job.session import PlanService, plan_request_from, probe_request_from
+from sharderd.job.session import (
+    PlanService,
+    Serialize,
+    plan_request_from,
+    probe_request_from,
+)
 from sharderd.target import Target
 
 
@@ -32,7 +37,13 @@ def main() -> int:
             if service is None:
                 plan = message["plan"]
                 config = load_table(PlanConfig, plan, "plan worker")
-                service = PlanService(Path(message["model"]), config, Target(**message["target"]))
+                serialize = message.get("serialize")
+                service = PlanService(
+                    Path(message["model"]),
+                    config,
+                    Target(**message["target"]),
+                    None if serialize is None else Serialize(**serialize),
+                )
                 result: Any = {"ready": True}
             elif message["op"] == "summary":
                 result = encode_summary(service.summary())

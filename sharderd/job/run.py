@@ -28,6 +28,7 @@ from sharderd.job.session import (
     PlanRequest,
     PlanService,
     PlanSession,
+    Serialize,
     WorkerSession,
 )
 from sharderd.report.attempts import attempt_dict
@@ -35,7 +36,6 @@ from sharderd.report.build import as_given, plan_section, report_dict, serialize
 from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
 from sharderd.shard.serialize import Serialized
-from sharderd.shard.serialize_file import serialize_file
 
 __all__ = ["JobFailed", "JobResult", "JobSpec", "shard_job", "write_report"]
 
@@ -102,27 +102,28 @@ async def shard_job(
         "backend.selected",
         {"backend": backend, "requested": spec.search.backend, "target": target.name},
     )
-    model_path = spec.model
+    # the session rewrites nodes into pieces before it analyses (in the plan worker, if any)
+    serialize = (
+        Serialize(spec.devices, str(workdir / "serialized")) if config.plan.serialize else None
+    )
     serialized: tuple[Serialized, ...] = ()
-    if config.plan.serialize:
-        try:
-            model_path, serialized = serialize_file(
-                spec.model, config.plan, target, workdir / "serialized"
-            )
-        except SharderdError as err:
-            raise JobFailed(err, None) from None
     session: PlanSession
     if spec.isolate_planning:
         try:
             session = await WorkerSession.start(
-                model_path, config.plan, target, stderr_path=workdir / "planworker.stderr", env=env
+                spec.model,
+                config.plan,
+                target,
+                stderr_path=workdir / "planworker.stderr",
+                env=env,
+                serialize=serialize,
             )
         except OSError as exc:
             raise JobFailed(
                 SharderdError(f"cannot start the planning worker: {exc}"), None
             ) from None
     else:
-        session = LocalSession(PlanService(model_path, config.plan, target))
+        session = LocalSession(PlanService(spec.model, config.plan, target, serialize))
     summary: ModelSummary | None = None
     attempts: list[dict[str, Any]] = []
     stage_amps: tuple[float, ...] | None = None  # each stage's AMP as compiled (PopRT only)
@@ -151,6 +152,7 @@ async def shard_job(
             {"model": str(spec.model), "devices": spec.devices, "target": target.name},
         )
         summary = await session.summary()
+        serialized = summary.serialized
         if serialized:
             summary = replace(summary, facts=as_given(dict(summary.facts), spec.model))
         if backend == "none":

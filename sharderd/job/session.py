@@ -36,6 +36,7 @@ from sharderd.job.codec import (
 )
 from sharderd.plan.content import ContentCorrection
 from sharderd.report.build import model_facts
+from sharderd.shard.serialize import Serialized
 from sharderd.target import Target
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "Planned",
     "ProbeRequest",
     "Probed",
+    "Serialize",
     "WorkerSession",
 ]
 
@@ -73,6 +75,15 @@ class PlanRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Serialize:
+    """Rewrite nodes into pieces before analysis, as ``serialize_for_devices`` decides for
+    ``devices``; the serialized copy is written under ``work_dir``."""
+
+    devices: int
+    work_dir: str
+
+
+@dataclass(frozen=True, slots=True)
 class ProbeRequest:
     """Pick the node to compile alone and write it to ``write_path``."""
 
@@ -84,20 +95,41 @@ class ProbeRequest:
 class PlanService:
     """Holds one analysed model; every method returns frozen values or raises SharderdError."""
 
-    def __init__(self, model: Path, plan_config: PlanConfig, target: Target) -> None:
+    def __init__(
+        self,
+        model: Path,
+        plan_config: PlanConfig,
+        target: Target,
+        serialize: Serialize | None = None,
+    ) -> None:
         self.model_path = model
         self.plan_config = plan_config
         self.target = target
+        self.serialize = serialize
         self._analysis: Analysis | None = None
+        self._serialized: tuple[Serialized, ...] = ()
         self._analyze_s = 0.0
 
     @property
     def analysis(self) -> Analysis:
+        """The model analysed, after ``serialize``'s rewrites when set (the file they wrote)."""
         if self._analysis is None:
             from sharderd.engine import analyze_file
+            from sharderd.shard.serialize_bottleneck import serialize_for_devices
 
             started = time.perf_counter()
-            self._analysis = analyze_file(self.model_path, self.plan_config)
+            if self.serialize is None:
+                self._analysis = analyze_file(self.model_path, self.plan_config)
+            else:
+                done = serialize_for_devices(
+                    self.model_path,
+                    self.plan_config,
+                    self.target,
+                    self.serialize.devices,
+                    Path(self.serialize.work_dir),
+                )
+                self._serialized = done.records
+                self._analysis = done.analysis or analyze_file(done.path, self.plan_config)
             self._analyze_s = time.perf_counter() - started
         return self._analysis
 
@@ -110,6 +142,7 @@ class PlanService:
             analysis.precision,
             shapes,
             self._analyze_s,
+            self._serialized,
         )
 
     def plan(self, request: PlanRequest) -> Planned:
@@ -214,6 +247,7 @@ class WorkerSession:
         *,
         stderr_path: Path,
         env: Mapping[str, str] | None = None,
+        serialize: Serialize | None = None,
     ) -> WorkerSession:
         """Start the worker; its stderr goes to ``stderr_path`` (a pipe nobody reads could block it)."""
         stderr_path.parent.mkdir(parents=True, exist_ok=True)
@@ -229,6 +263,7 @@ class WorkerSession:
             "model": str(model),
             "plan": {**asdict(plan_config), "dims": dict(plan_config.dims)},
             "target": asdict(target),
+            "serialize": None if serialize is None else asdict(serialize),
         }
         await session._call(init)
         return session

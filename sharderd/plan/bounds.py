@@ -12,7 +12,7 @@ from sharderd.graph.analyze import Analysis
 from sharderd.plan.op_costs import node_code_bytes
 from sharderd.target import Target
 
-__all__ = ["MemoryFloor", "lower_bound_all_splits", "memory_floor"]
+__all__ = ["MemoryFloor", "Work", "lower_bound_all_splits", "memory_floor", "node_work"]
 
 
 def lower_bound_all_splits(
@@ -25,6 +25,29 @@ def lower_bound_all_splits(
     sum of stage times is at least the total, and the slowest stage at least its share. A node's
     stage pays at least that node; an input's stage pays the transfer plus at least one reader.
     """
+    flow, tb = analysis.flow, analysis.costs.tensor_bytes.astype(np.float64)
+    work = node_work(analysis, target, compute_s)
+    node, hbw = work.node_s, target.host_bytes_per_s
+    worst = float(node.max()) if len(node) else 0.0
+    for t in work.streamed.tolist():
+        readers = flow.consumers(t)
+        worst = max(worst, tb[t] / hbw + float(node[readers].min()))
+    return float(max(work.total_s / devices, worst))
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """What every split pays, whatever the order (``lower_bound_all_splits``)."""
+
+    node_s: np.ndarray
+    """float64 [N]: ``c(v)``, each node's compute plus its host output, paid on its own stage."""
+    total_s: float
+    """``W``: every ``c(v)`` plus the host transfer of every read graph input."""
+    streamed: np.ndarray
+    """int64: the graph inputs some node reads (each streamed once, to its first reader's stage)."""
+
+
+def node_work(analysis: Analysis, target: Target, compute_s: np.ndarray) -> Work:
     flow, costs = analysis.flow, analysis.costs
     tb = costs.tensor_bytes.astype(np.float64)
     hbw = target.host_bytes_per_s
@@ -34,12 +57,7 @@ def lower_bound_all_splits(
     np.add.at(node, outs_of, host_out / hbw)
     counts = np.diff(flow.cons_ptr)
     streamed = np.flatnonzero((flow.producer < 0) & (counts > 0))
-    total = float(node.sum() + tb[streamed].sum() / hbw)
-    worst = float(node.max()) if len(node) else 0.0
-    for t in streamed.tolist():
-        readers = flow.consumers(t)
-        worst = max(worst, tb[t] / hbw + float(node[readers].min()))
-    return float(max(total / devices, worst))
+    return Work(node, float(node.sum() + tb[streamed].sum() / hbw), streamed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,18 @@
-"""How many pieces to serialize a node into: only the nodes no split can hold without it.
+"""How many pieces to serialize a node into, and whether a rewrite is worth keeping.
 
-A node is serialized when its weights alone exceed one device (then no split fits: the weights
-live on the device that runs the node, whatever the split) and ``shard.serialize`` can split it.
-It gets the smallest ``k`` whose pieces each hold at most ``PIECE_SHARE`` of a device, so every
-piece leaves room for the rest of its stage; the planner then places the pieces like any other
-node. Nodes whose weights fit are left alone: serialization is an option, not a default.
+Two reasons, each on its own rule (docs/planning.md "Serializing a node"):
+
+- **too big** (``choose_pieces``): the node's weights alone exceed one device (then no split fits:
+  the weights live on the device that runs the node, whatever the split). It gets the smallest
+  ``k`` whose pieces each hold at most ``PIECE_SHARE`` of a device, so every piece leaves room for
+  the rest of its stage.
+- **bottleneck** (``bottleneck_pieces``, ``worth_keeping``): the node's own cost ``c(v)`` is over
+  every other term of the lower bound, so no split can be balanced while it stays whole. It gets
+  the smallest ``k`` with ``c(v) / k`` at most those terms, and the rewrite is kept only when the
+  re-planned bottleneck is lower by more than ``BOTTLENECK_GAIN``.
+
+``shard.serialize`` must be able to split the node; the planner then places the pieces like any
+other node. Otherwise the user's graph stays as it is: serialization is an option, not a default.
 """
 
 from __future__ import annotations
@@ -13,7 +21,15 @@ import math
 
 import numpy as np
 
-__all__ = ["PIECE_SHARE", "choose_pieces"]
+from sharderd.plan.search import PERF_BAND
+
+__all__ = [
+    "BOTTLENECK_GAIN",
+    "PIECE_SHARE",
+    "bottleneck_pieces",
+    "choose_pieces",
+    "worth_keeping",
+]
 
 PIECE_SHARE = 0.5
 """The most of one device's memory one piece's weights may take; the rest is for its stage's
@@ -34,3 +50,39 @@ def choose_pieces(
         if 2 <= k <= int(splittable_rows[i]):
             chosen[int(i)] = k
     return chosen
+
+
+BOTTLENECK_GAIN = 1 - PERF_BAND
+"""How much lower (10%) the predicted bottleneck must be before a node serialized for speed is
+kept. The cost model's error between two splits of one model is of that order (the same band as
+``search.PERF_BAND`` for ``--optimal-perf``), and the rewrite's own costs (a ``Concat``, the input
+copied to every piece's stage) are priced as roughly; a smaller predicted gain is a coin toss, not
+worth changing the user's graph."""
+
+
+def bottleneck_pieces(
+    node_s: np.ndarray, total_s: float, devices: int, splittable_rows: np.ndarray
+) -> dict[int, int]:
+    """Node index → pieces, for the splittable nodes whose own cost holds every split up.
+
+    ``node_s[i]`` is ``c(v)`` and ``total_s`` is ``W`` of the lower bound (``bounds.node_work``).
+    Every split's slowest stage costs at least ``floor = max(W / devices, the dearest node that
+    cannot be split)`` and at least ``c(v)``; a splittable node with ``c(v) > floor`` is what holds
+    the bound above the rest. It gets the smallest ``k`` with ``c(v) / k <= floor``, at most
+    ``splittable_rows[i]`` (how many pieces it can be cut into; below 2: not splittable).
+    """
+    splittable = splittable_rows >= 2
+    whole = node_s[~splittable]
+    floor = max(total_s / devices, float(whole.max()) if len(whole) else 0.0)
+    if floor <= 0:
+        return {}
+    chosen = {}
+    for i in np.flatnonzero(splittable & (node_s > floor)):
+        k = math.ceil(float(node_s[i]) / floor)
+        chosen[int(i)] = min(k, int(splittable_rows[i]))
+    return chosen
+
+
+def worth_keeping(before_s: float, after_s: float) -> bool:
+    """The serialized plan's bottleneck is lower by more than ``BOTTLENECK_GAIN``."""
+    return after_s < before_s * (1 - BOTTLENECK_GAIN)

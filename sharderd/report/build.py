@@ -204,7 +204,8 @@ def report_dict(
 def serialized_section(
     records: Sequence[Serialized], stages: Mapping[str, int]
 ) -> list[dict[str, Any]]:
-    """``report["serialized"]``: each node rewritten into pieces, and the stage of each piece."""
+    """``report["serialized"]``: each node rewritten into pieces, why, and the stage of each piece
+    (for ``bottleneck``: the predicted bottleneck of the first plan before and after)."""
     return [
         {
             "node": r.node,
@@ -213,6 +214,9 @@ def serialized_section(
             "pieces": r.pieces,
             "piece_nodes": list(r.piece_nodes),
             "stages": [stages.get(n) for n in r.piece_nodes],
+            "reason": r.reason,
+            "bottleneck_before_s": None if r.bottleneck_s is None else r.bottleneck_s[0],
+            "bottleneck_after_s": None if r.bottleneck_s is None else r.bottleneck_s[1],
         }
         for r in records
     ]

@@ -122,6 +122,17 @@ def _timed_rows(report: Mapping[str, Any], a: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _why_serialized(s: Mapping[str, Any]) -> str:
+    """The reason of a ``serialized`` entry in words (older reports have no ``reason``)."""
+    if s.get("reason") != "bottleneck":
+        return "too big for one device"
+    before, after = s["bottleneck_before_s"], s["bottleneck_after_s"]
+    return (
+        f"its own time held the bottleneck up: predicted {fmt_seconds(before)} whole, "
+        f"{fmt_seconds(after)} in pieces"
+    )
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     model, target, plan = report["model"], report["target"], report["plan"]
     lines = [
@@ -145,7 +156,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         lines.append(f"- renamed {model['renamed_nodes']} node(s) to `<OpType>_<k>` (--name-nodes)")
     for s in report.get("serialized") or ():
         lines.append(
-            f"- serialized `{s['node']}` ({s['op']}, too big for one device) into {s['pieces']} "
+            f"- serialized `{s['node']}` ({s['op']}, {_why_serialized(s)}) into {s['pieces']} "
             f"pieces by {s['kind']}, on stages {sorted(set(x for x in s['stages'] if x is not None))}"
         )
     if plan is not None:

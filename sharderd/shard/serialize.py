@@ -54,6 +54,11 @@ class Serialized:
     pieces: int
     piece_nodes: tuple[str, ...]
     """Names of the nodes that hold a slice of the weight (one per piece)."""
+    reason: Literal["too_big", "bottleneck"] = "too_big"
+    """Why: its weights alone exceed a device, or its own cost held the bottleneck up
+    (``plan.serialize_choice``)."""
+    bottleneck_s: tuple[float, float] | None = None
+    """For ``bottleneck``: the predicted bottleneck (seconds) of the plan before and after."""
 
 
 def _initializers(model: onnx.ModelProto) -> dict[str, TensorProto]:

@@ -1,4 +1,5 @@
-"""Serialize a model file's too-big nodes before planning: the one change to the user's graph.
+"""Serialize a model file's too-big nodes before planning (``serialize_bottleneck`` calls this first,
+then adds the nodes that hold the bottleneck up): the one change to the user's graph.
 
 ``serialize_file`` reads the model without its weights (no analysis: the splittable nodes' weights
 are their initializer inputs, so a model with none too big costs one load), asks ``plan.serialize_choice`` which nodes
@@ -9,22 +10,19 @@ it returns the original path and no records.
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from sharderd.config import Config, PlanConfig
+from sharderd.config import PlanConfig
 from sharderd.graph.load import load_model
 from sharderd.plan.serialize_choice import choose_pieces
 from sharderd.shard.serialize import Serialized, serialize_node, splittable, trans_b
 from sharderd.shard.write import copy_external_data, write_model
 from sharderd.target import Target
 
-__all__ = ["serialize_file", "serialized_for_plan"]
+__all__ = ["serialize_file"]
 
 
 def serialize_file(
@@ -38,6 +36,8 @@ def serialize_file(
     per_node = np.zeros(len(nodes))
     limits = np.zeros(len(nodes), dtype=np.int64)
     for i, node in enumerate(nodes):
+        if node.op_type not in ("Gather", "MatMul", "Gemm"):  # the only ops splittable() takes
+            continue
         kind = splittable(model, node)
         if kind is not None:
             names = [n for n in node.input if n in inits]
@@ -70,16 +70,3 @@ def _planned_bytes(tensor: onnx.TensorProto, config: PlanConfig) -> float:
 
 def _weight_input(node: onnx.NodeProto, kind: str) -> str:
     return str(node.input[0] if kind == "rows" else node.input[1])
-
-
-@contextmanager
-def serialized_for_plan(
-    path: Path, config: Config, target_name: str | None
-) -> Iterator[tuple[Path, tuple[Serialized, ...]]]:
-    """``serialize_file`` into a temporary directory (``sharderd plan``, which writes nothing),
-    or ``path`` itself when ``[plan] serialize`` is off."""
-    if not config.plan.serialize:
-        yield path, ()
-        return
-    with tempfile.TemporaryDirectory(prefix="sharderd-serialize-") as tmp:
-        yield serialize_file(path, config.plan, config.target(target_name), Path(tmp))

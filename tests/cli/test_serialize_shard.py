@@ -44,8 +44,12 @@ def test_big_embedding_shards_serialized_and_is_proven_too_big_without(tmp_path:
         3,
     )
     assert all(isinstance(s, int) for s in serialized["stages"])
+    assert (serialized["reason"], serialized["bottleneck_before_s"]) == ("too_big", None)
     written = onnx.load(out / "big.sharded.onnx", load_external_data=False)
     names = {n.name for n in written.graph.node}
     assert set(serialized["piece_nodes"]) <= names and "/embed/Gather" not in names
-    assert "serialized `/embed/Gather`" in (out / "report.md").read_text()
+    assert (
+        "serialized `/embed/Gather` (Gather, too big for one device)"
+        in (out / "report.md").read_text()
+    )
     assert cli_main([*common, "-o", str(tmp_path / "no"), "--no-serialize"]) == 3

@@ -24,6 +24,7 @@ from sharderd.job.session import (
     PlanRequest,
     PlanService,
     ProbeRequest,
+    Serialize,
     WorkerSession,
 )
 from sharderd.plan.bounds import memory_floor
@@ -136,3 +137,35 @@ async def test_worker_and_local_sessions_write_the_same_probe(model: Path, tmp_p
     for result in (remote, mine):
         written = onnx.load(str(result.model))
         assert [n.name for n in written.graph.node][-1] == result.name
+
+
+@pytest.mark.anyio
+async def test_worker_and_local_sessions_serialize_the_same_way(tmp_path: Path) -> None:
+    """With ``serialize``, both sessions rewrite the wide head before analysing (the worker in its
+    own process), report the same records and plan the pieces."""
+    model = examples.save(examples.wide_head(), tmp_path / "wide.onnx")
+    cpu = BUILTIN_TARGETS["cpu"]
+    request = PlanRequest(4, 1.15)
+    worker = await WorkerSession.start(
+        model,
+        PlanConfig(),
+        cpu,
+        stderr_path=tmp_path / "err",
+        serialize=Serialize(4, str(tmp_path / "ws")),
+    )
+    try:
+        remote_summary = await worker.summary()
+        remote = await worker.plan(request)
+    finally:
+        await worker.aclose()
+    service = PlanService(model, PlanConfig(), cpu, Serialize(4, str(tmp_path / "ls")))
+    local_summary = await LocalSession(service).summary()
+    [record] = remote_summary.serialized
+    assert record.reason == "bottleneck" and record.node == "MatMul_head"
+    assert remote_summary.serialized == local_summary.serialized
+    assert remote_summary.facts["sha256"] == local_summary.facts["sha256"]  # the same rewrite
+    names = service.analysis.flow.node_names
+    assert set(record.piece_nodes) <= set(names) and "MatMul_head" not in names
+    assert len(remote.plan.assignment) == len(names)  # the worker planned the pieces too
+    plain = LocalSession(PlanService(model, PlanConfig(), cpu))
+    assert (await plain.summary()).serialized == ()

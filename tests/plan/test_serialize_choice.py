@@ -1,10 +1,17 @@
-"""choose_pieces: only nodes too big for a device, the smallest k within PIECE_SHARE."""
+"""choose_pieces: only nodes too big for a device, the smallest k within PIECE_SHARE; bottleneck_pieces:
+only splittable nodes over every other term of the lower bound; worth_keeping: the threshold."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from sharderd.plan.serialize_choice import PIECE_SHARE, choose_pieces
+from sharderd.plan.serialize_choice import (
+    BOTTLENECK_GAIN,
+    PIECE_SHARE,
+    bottleneck_pieces,
+    choose_pieces,
+    worth_keeping,
+)
 
 
 def test_only_nodes_over_a_device_are_cut_into_the_fewest_pieces() -> None:
@@ -18,3 +25,38 @@ def test_only_nodes_over_a_device_are_cut_into_the_fewest_pieces() -> None:
 def test_a_node_that_cannot_be_split_enough_is_left_to_the_proof() -> None:
     assert choose_pieces(np.array([5000.0]), np.array([0]), capacity=1000.0) == {}
     assert choose_pieces(np.array([5000.0]), np.array([3]), capacity=1000.0) == {}
+
+
+def test_a_node_over_every_other_bound_term_is_cut_to_that_term() -> None:
+    # W = 20, 4 devices: the balanced share is 5; node 1 (12) holds every split above it
+    node_s = np.array([2.0, 12.0, 3.0, 3.0])
+    assert bottleneck_pieces(node_s, 20.0, 4, np.array([0, 64, 64, 0])) == {1: 3}
+    assert 12.0 / 3 <= 20.0 / 4 < 12.0 / 2
+
+
+def test_the_dearest_node_that_cannot_be_split_sets_the_floor() -> None:
+    # node 0 (8) cannot be split: no split beats 8, so node 1 (12) needs only 2 pieces of 6 ...
+    node_s = np.array([8.0, 12.0, 1.0])
+    assert bottleneck_pieces(node_s, 21.0, 4, np.array([0, 64, 0])) == {1: 2}
+    # ... and a splittable node under that floor holds nothing up: it is left whole
+    assert bottleneck_pieces(np.array([8.0, 7.0, 1.0]), 16.0, 4, np.array([0, 64, 0])) == {}
+
+
+def test_nodes_that_cannot_be_split_or_do_not_hold_the_bound_up_are_left_alone() -> None:
+    node_s = np.array([2.0, 12.0, 3.0, 3.0])
+    assert bottleneck_pieces(node_s, 20.0, 4, np.array([64, 0, 64, 64])) == {}
+    assert bottleneck_pieces(node_s, 20.0, 4, np.array([64, 1, 64, 64])) == {}
+    assert bottleneck_pieces(node_s, 20.0, 1, np.array([64, 64, 64, 64])) == {}
+
+
+def test_pieces_are_bounded_by_what_the_node_can_be_cut_into() -> None:
+    assert bottleneck_pieces(np.array([1.0, 90.0]), 91.0, 8, np.array([0, 4])) == {1: 4}
+
+
+def test_a_rewrite_is_kept_only_when_the_gain_is_over_the_threshold() -> None:
+    assert 0 < BOTTLENECK_GAIN < 1
+    before = 1.0
+    assert worth_keeping(before, before * (1 - BOTTLENECK_GAIN) * 0.99)
+    assert not worth_keeping(before, before * (1 - BOTTLENECK_GAIN) * 1.01)
+    assert not worth_keeping(before, before)
+    assert not worth_keeping(before, 2 * before)
