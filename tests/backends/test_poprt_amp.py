@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from sharderd.backends import poprt as backend
-from sharderd.backends.protocol import AttemptRequest
+from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
 from sharderd.shard.amp import AMP_ATTR, node_amps, set_stage_amps, stage_amps_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,13 +106,10 @@ def test_an_int_or_non_matmul_attribute_is_not_read_as_an_amp(poprt: ModuleType)
     assert ipu_bytes(poprt, model) == default
 
 
-def test_the_backend_keeps_the_stage_amp_through_conversion(
-    poprt: ModuleType, tmp_path: Path
-) -> None:
-    """The converter drops ``__`` attributes; the backend puts ``__available_memory`` back by
-    name, the compile sees it (stage 1's bytes as at 0.1) and the message says so."""
-    model = two_stages()
-    set_stage_amps(model, (None, 0.1))
+def compile_two_stages(
+    model: onnx.ModelProto, tmp_path: Path
+) -> tuple[AttemptRequest, AttemptOutcome]:
+    """Save ``model`` and run the poprt attempt on it (two devices of the fake), as a job would."""
     path = tmp_path / "two.onnx"
     onnx.save(model, path)
     request = AttemptRequest(
@@ -123,7 +120,17 @@ def test_the_backend_keeps_the_stage_amp_through_conversion(
         tiles_per_device=1472,
         options={"ipu_version": "ipu2", "batches_per_step": 2},
     )
-    outcome = backend.run_attempt(request)
+    return request, backend.run_attempt(request)
+
+
+def test_the_backend_keeps_the_stage_amp_through_conversion(
+    poprt: ModuleType, tmp_path: Path
+) -> None:
+    """The converter drops ``__`` attributes; the backend puts ``__available_memory`` back by
+    name, the compile sees it (stage 1's bytes as at 0.1) and the message says so."""
+    model = two_stages()
+    set_stage_amps(model, (None, 0.1))
+    request, outcome = compile_two_stages(model, tmp_path)
     assert outcome.outcome == "ok", outcome.message
     assert "__available_memory on the conv/matmul nodes of stage 1: 0.1" in outcome.message
     converted = onnx.load(f"{request.artifact}.converted.onnx")

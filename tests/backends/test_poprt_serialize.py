@@ -9,11 +9,9 @@ from types import ModuleType
 
 import onnx
 import pytest
-from backends.test_poprt_amp import ipu_bytes, poprt, two_stages
+from backends.test_poprt_amp import compile_two_stages, ipu_bytes, poprt, two_stages
 from onnx import helper
 
-from sharderd.backends import poprt as backend
-from sharderd.backends.protocol import AttemptRequest
 from sharderd.shard.matmul_serial import MODE_ATTR, node_serialization, set_serialization
 
 __all__ = ["poprt"]  # the fixture, used by name
@@ -55,17 +53,7 @@ def test_the_backend_keeps_the_serialization_through_conversion(
     model = two_stages()
     set_serialization(model, {"MatMul_1": 8})
     expected = ipu_bytes(poprt, model)
-    path = tmp_path / "two.onnx"
-    onnx.save(model, path)
-    request = AttemptRequest(
-        backend="poprt",
-        model=str(path),
-        artifact=str(tmp_path / "two.popef"),
-        num_devices=2,
-        tiles_per_device=1472,
-        options={"ipu_version": "ipu2", "batches_per_step": 2},
-    )
-    outcome = backend.run_attempt(request)
+    request, outcome = compile_two_stages(model, tmp_path)
     assert outcome.outcome == "ok", outcome.message
     assert "matmul serialization: MatMul_1 ×8" in outcome.message
     converted = onnx.load(f"{request.artifact}.converted.onnx")
