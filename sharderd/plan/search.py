@@ -16,7 +16,7 @@ from sharderd.plan.matmul_serial import Serialization, learned, serial_probe
 from sharderd.plan.memory_model import HEADROOM, UNKNOWN_OVER, amp_closing, content_model
 from sharderd.plan.observations import AttemptKey, Observation
 from sharderd.plan.perf import PERF_BAND, perf_variants, worth_compiling
-from sharderd.plan.stage_amp import stage_retry
+from sharderd.plan.stage_amp import stage_retry, under_global
 
 __all__ = [
     "PERF_BAND",
@@ -358,10 +358,12 @@ def _amp_retry(s: SearchState) -> tuple[Attempt | None, str]:
             f"{max(0.0, lowest - cap) * 100:.0f}% of a tile off device {o.device}'s worst tile "
             f"(attempt {base.index}), which is {(need - 1) * 100:.0f}% over"
         )
-    if AttemptKey(base.key.digest, amp, None, base.key.serialize) in s.tried():
+    own = under_global(base.attempt.stage_amps, amp)
+    if AttemptKey(base.key.digest, amp, own, base.key.serialize) in s.tried():
         return None, ""
     label = f"available_memory_proportion {amp:g}"
-    return replace(base.attempt, kind="amp", label=label, amp=amp, of=base.index), ""
+    retry = replace(base.attempt, kind="amp", label=label, amp=amp, of=base.index, stage_amps=own)
+    return retry, ""
 
 
 def verdict(state: SearchState) -> Verdict:

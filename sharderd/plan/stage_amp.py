@@ -21,7 +21,7 @@ from sharderd.plan.observations import Observation
 if TYPE_CHECKING:
     from sharderd.plan.search import Attempt, SearchState, Started
 
-__all__ = ["stage_retry"]
+__all__ = ["stage_retry", "under_global"]
 
 
 def stage_retry(
@@ -63,6 +63,16 @@ def stage_retry(
     )
     label = f"available_memory_proportion {level:g} on {where}"
     return replace(base.attempt, kind="amp", label=label, stage_amps=tuple(amps), of=base.index), ""
+
+
+def under_global(stage_amps: tuple[float, ...] | None, amp: float) -> tuple[float, ...] | None:
+    """The per-stage levels of a global retry at ``amp`` built on a per-stage attempt: no stage
+    above ``amp`` (the retry lowers them all to it), a stage already below keeps its lower level;
+    None when every stage is at ``amp`` (the session's option alone)."""
+    if stage_amps is None:
+        return None
+    capped = tuple(min(a, amp) for a in stage_amps)
+    return capped if any(a < amp for a in capped) else None
 
 
 def _need(o: Observation) -> float:

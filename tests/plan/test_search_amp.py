@@ -108,6 +108,21 @@ def test_an_overflow_without_a_device_retries_the_whole_compile() -> None:
     assert (after.amp, after.stage_amps) == (0.3, None)
 
 
+def test_a_whole_compile_retry_on_a_per_stage_attempt_lowers_every_stage_above_it() -> None:
+    """The per-stage attempt is the one to build on (its overflow, naming no device, is the
+    smaller); the global retry takes every stage down to its level, none stays at the default, and
+    a stage already lower keeps its own (else it compiles what the per-stage attempt did)."""
+    state = settled_after_overflow(SETTINGS, 1, 1.3)
+    state = overflow(start(state, retry(state)), None, 1.0)
+    after = retry(state)
+    assert (after.amp, after.stage_amps, after.of) == (0.3, None, 1)
+    state = settled_after_overflow(SETTINGS, 1, 1.45)
+    staged = retry(state)
+    assert staged.stage_amps == (0.6, 0.1)
+    after = retry(overflow(start(state, staged), None, 1.0))
+    assert (after.amp, after.stage_amps, after.of) == (0.3, (0.3, 0.1), 1)
+
+
 def test_a_split_that_overflowed_with_a_lowered_stage_is_not_compiled_at_the_default() -> None:
     state = settled_after_overflow(SETTINGS, 1, 1.2)
     state = replace(state, attempts=(), observations=(), settled=None)
