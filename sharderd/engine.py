@@ -116,15 +116,15 @@ def write_shard_files(
     out_dir.mkdir(parents=True, exist_ok=True)
     model, routed = annotated_model(analysis, plan)
     model_path = out_dir / f"{stem}.sharded.onnx"
-    if analysis.precision == "fp16" and analysis.source_precision != "fp16":
+    converting = analysis.precision == "fp16" and analysis.source_precision != "fp16"
+    if converting:
         model, _ = to_fp16(model, analysis.loaded.path.parent)
         _check(model)
-        set_stage_amps(model, stage_amps or ())
-        set_serialization(model, matmul_serialization or {})
+    set_stage_amps(model, stage_amps or ())
+    set_serialization(model, matmul_serialization or {})
+    if converting:
         external = write_converted(model, model_path)
     else:
-        set_stage_amps(model, stage_amps or ())
-        set_serialization(model, matmul_serialization or {})
         external = copy_external_data(
             analysis.loaded.external_files, analysis.loaded.path.parent, out_dir, link=link_external
         )

@@ -90,14 +90,6 @@ class AttemptRecord:
     serializable: tuple[str, int] | None = None
     """A probe's MatMul that PopART could serialize: (node, the factor to retry it with)."""
 
-    def stage_amps(self) -> tuple[float, ...] | None:
-        """Each stage's ``available_memory_proportion`` as compiled, when some stage has its own
-        (``__available_memory`` on its conv/matmul nodes); None when all use ``key.amp``."""
-        own = self.request.stage_amps if self.request is not None else None
-        if not own or all(a is None for a in own):
-            return None
-        return tuple(self.key.amp if a is None else a for a in own)
-
     @property
     def predicted_s(self) -> float:
         return 0.0 if self.plan is None else self.plan.bottleneck_s

@@ -324,16 +324,14 @@ class Prover:
         observations: tuple[Observation, ...] = ()
         views = record.views
         if kind == "ok" or (kind == "oom" and oom is not None):
-            tile_bytes = self.target.bytes_per_tile
+            amp = record.key.amp if kind == "ok" or oom is None else record.key.amp_on(oom.device)
             observations = observe(
                 record.index,
                 views,
                 kind=kind,
-                amp=record.key.amp
-                if kind == "ok"
-                else record.key.amp_on(oom.device if oom else None),
+                amp=amp,
                 oom=oom,
-                tile_bytes=tile_bytes,
+                tile_bytes=self.target.bytes_per_tile,
             )
         fatal: SharderdError | None = None
         if record.probe is not None:  # evidence about memory, never a result

@@ -196,7 +196,7 @@ async def shard_job(
             status, extra = "compiled", _extra(proven)
             if backend == "poprt":
                 chosen = proven.chosen
-                stage_amps = chosen.stage_amps() or (chosen.key.amp,) * final.plan.devices
+                stage_amps = chosen.key.stage_amps or (chosen.key.amp,) * final.plan.devices
                 serialized_matmuls = chosen.key.serialize
     except NoSplitError as err:
         raise JobFailed(err, partial(err.reason, err)) from None

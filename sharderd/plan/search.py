@@ -16,7 +16,7 @@ from sharderd.plan.matmul_serial import Serialization, learned, serial_probe
 from sharderd.plan.memory_model import HEADROOM, UNKNOWN_OVER, amp_closing, content_model
 from sharderd.plan.observations import AttemptKey, Observation
 from sharderd.plan.perf import PERF_BAND, perf_variants, worth_compiling
-from sharderd.plan.stage_amp import stage_retry, under_global
+from sharderd.plan.stage_amp import cap_too_small, overflow_need, stage_retry, under_global
 
 __all__ = [
     "PERF_BAND",
@@ -343,21 +343,15 @@ def _amp_retry(s: SearchState) -> tuple[Attempt | None, str]:
         return staged
     lowest = min(a.key.amp for _, a in ooms)
     o, base = min(
-        ((o, a) for o, a in ooms if a.key.amp == lowest),
-        key=lambda oa: oa[0].measured if oa[0].measured is not None else UNKNOWN_OVER,
+        ((o, a) for o, a in ooms if a.key.amp == lowest), key=lambda oa: overflow_need(oa[0])
     )
-    need = o.measured if o.measured is not None else UNKNOWN_OVER
+    need = overflow_need(o)
     amp = amp_closing(need, lowest, cfg.fallbacks)
     if o.stage is None:
         amp = max((a for a in cfg.fallbacks if a < lowest), default=None)
     if amp is None:
-        cap = min(cfg.fallbacks)
-        return None, (
-            f"; a lower available_memory_proportion was not tried: it caps conv/matmul "
-            f"temporaries per tile, and even at {cap:g} it takes at most "
-            f"{max(0.0, lowest - cap) * 100:.0f}% of a tile off device {o.device}'s worst tile "
-            f"(attempt {base.index}), which is {(need - 1) * 100:.0f}% over"
-        )
+        where = f"attempt {base.index}"
+        return None, cap_too_small(min(cfg.fallbacks), lowest, o.device, where, need)
     own = under_global(base.attempt.stage_amps, amp)
     if AttemptKey(base.key.digest, amp, own, base.key.serialize) in s.tried():
         return None, ""

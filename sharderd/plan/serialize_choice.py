@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from sharderd.plan.search import PERF_BAND
+from sharderd.plan.perf import PERF_BAND
 
 __all__ = [
     "BOTTLENECK_GAIN",

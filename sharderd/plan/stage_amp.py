@@ -21,7 +21,7 @@ from sharderd.plan.observations import Observation
 if TYPE_CHECKING:
     from sharderd.plan.search import Attempt, SearchState, Started
 
-__all__ = ["stage_retry", "under_global"]
+__all__ = ["cap_too_small", "overflow_need", "stage_retry", "under_global"]
 
 
 def stage_retry(
@@ -37,21 +37,15 @@ def stage_retry(
         at_default = [(o, a) for o, a in ooms if a.key.amp == cfg.default_amp]
         if not at_default:
             return None
-        o, base = min(at_default, key=lambda oa: _need(oa[0]))
+        o, base = min(at_default, key=lambda oa: overflow_need(oa[0]))
     amps = list(base.attempt.stage_amps or (base.key.amp,) * len(base.attempt.scale))
     if o.stage is None or len(amps) <= o.stage.device:
         return None
-    device, need = o.stage.device, _need(o)
+    device, need = o.stage.device, overflow_need(o)
     level = amp_closing(need, amps[device], cfg.fallbacks)
     if level is None:
-        cap = min(cfg.fallbacks)
-        return None, (
-            f"; a lower available_memory_proportion was not tried: it caps conv/matmul "
-            f"temporaries per tile, and even at {cap:g} it takes at most "
-            f"{max(0.0, amps[device] - cap) * 100:.0f}% of a tile off device {device}'s worst "
-            f"tile (attempt {base.index}, its stage at {amps[device]:g}), which is "
-            f"{(need - 1) * 100:.0f}% over"
-        )
+        where = f"attempt {base.index}, its stage at {amps[device]:g}"
+        return None, cap_too_small(min(cfg.fallbacks), amps[device], device, where, need)
     spread = any(a < cfg.default_amp for a in amps) and amps[device] >= cfg.default_amp
     amps[device] = level
     if spread:
@@ -75,5 +69,17 @@ def under_global(stage_amps: tuple[float, ...] | None, amp: float) -> tuple[floa
     return capped if any(a < amp for a in capped) else None
 
 
-def _need(o: Observation) -> float:
+def overflow_need(o: Observation) -> float:
+    """How far over its device an overflow was (``UNKNOWN_OVER`` when it said no bytes)."""
     return o.measured if o.measured is not None else UNKNOWN_OVER
+
+
+def cap_too_small(cap: float, amp: float, device: int | None, where: str, need: float) -> str:
+    """Why no lower AMP was tried on an overflow (for the "not proven" message): going from
+    ``amp`` down to ``cap`` takes at most their difference off a tile, short of ``need``."""
+    return (
+        f"; a lower available_memory_proportion was not tried: it caps conv/matmul "
+        f"temporaries per tile, and even at {cap:g} it takes at most "
+        f"{max(0.0, amp - cap) * 100:.0f}% of a tile off device {device}'s worst tile "
+        f"({where}), which is {(need - 1) * 100:.0f}% over"
+    )

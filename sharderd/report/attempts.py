@@ -14,7 +14,7 @@ __all__ = ["attempt_dict"]
 
 def _per_stage(record: AttemptRecord) -> dict[str, Any]:
     """``stage_available_memory_proportion``: each stage's AMP, when some stage has its own."""
-    amps = record.stage_amps()
+    amps = record.key.stage_amps
     return {} if amps is None else {"stage_available_memory_proportion": list(amps)}
 
 

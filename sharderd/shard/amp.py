@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import onnx
 
-from sharderd.shard.annotate import STAGE_ATTR
+from sharderd.shard.annotate import STAGE_ATTR, bodies, replace_attributes
 
 __all__ = [
     "AMP_ATTR",
@@ -35,12 +35,8 @@ def walk_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     """Every node of ``graph``, then of the bodies of its If/Loop/Scan nodes, depth first."""
     for node in graph.node:
         yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from walk_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for body in attr.graphs:
-                    yield from walk_nodes(body)
+        for body in bodies(node):
+            yield from walk_nodes(body)
 
 
 def _stage(node: onnx.NodeProto) -> int | None:
@@ -52,9 +48,7 @@ def _stage(node: onnx.NodeProto) -> int | None:
 
 def set_amp(node: onnx.NodeProto, amp: float) -> None:
     """Give ``node`` the FLOAT ``__available_memory`` ``amp`` (replacing any it had)."""
-    kept = [a for a in node.attribute if a.name != AMP_ATTR]
-    del node.attribute[:]
-    node.attribute.extend([*kept, onnx.helper.make_attribute(AMP_ATTR, float(amp))])
+    replace_attributes(node, onnx.helper.make_attribute(AMP_ATTR, float(amp)))
 
 
 def set_stage_amps(model: onnx.ModelProto, amps: Sequence[float | None]) -> int:

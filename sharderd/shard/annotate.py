@@ -21,8 +21,10 @@ __all__ = [
     "STAGE_ATTR",
     "RoutedInput",
     "annotate",
+    "bodies",
     "check_annotation",
     "read_annotation",
+    "replace_attributes",
 ]
 
 IPU_ATTR = "__ipu_number"
@@ -39,15 +41,20 @@ class RoutedInput:
     output: str
 
 
+def replace_attributes(node: onnx.NodeProto, *attrs: onnx.AttributeProto) -> None:
+    """Give ``node`` ``attrs``, dropping any it had of the same names (the others keep their order)."""
+    names = {a.name for a in attrs}
+    kept = [a for a in node.attribute if a.name not in names]
+    del node.attribute[:]
+    node.attribute.extend([*kept, *attrs])
+
+
 def _set_int(node: onnx.NodeProto, name: str, value: int) -> None:
-    for attr in node.attribute:
-        if attr.name == name:
-            node.attribute.remove(attr)
-            break
-    node.attribute.append(onnx.helper.make_attribute(name, int(value)))
+    replace_attributes(node, onnx.helper.make_attribute(name, int(value)))
 
 
-def _bodies(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+def bodies(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The subgraphs of ``node`` (the branches of an If, the body of a Loop or Scan)."""
     for attr in node.attribute:
         if attr.type == onnx.AttributeProto.GRAPH:
             yield attr.g
@@ -58,7 +65,7 @@ def _bodies(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
 def _annotate_node(node: onnx.NodeProto, stage: int) -> None:
     _set_int(node, IPU_ATTR, stage)
     _set_int(node, STAGE_ATTR, stage)
-    for body in _bodies(node):
+    for body in bodies(node):
         for inner in body.node:
             _annotate_node(inner, stage)
 
@@ -67,7 +74,7 @@ def _rename_reads(node: onnx.NodeProto, old: str, new: str) -> None:
     for k, name in enumerate(node.input):
         if name == old:
             node.input[k] = new
-    for body in _bodies(node):
+    for body in bodies(node):
         for inner in body.node:
             _rename_reads(inner, old, new)
 
@@ -150,7 +157,7 @@ def check_annotation(model: onnx.ModelProto) -> list[str]:
                 f"node {node.name!r}: stage {stage} on device {ipu} (one device per stage)"
             )
         stage_of[node.name] = stage
-        for body in _bodies(node):
+        for body in bodies(node):
             for inner in _walk(body):
                 inner_stage = {
                     a.name: a.i for a in inner.attribute if a.name in (IPU_ATTR, STAGE_ATTR)
@@ -184,12 +191,12 @@ def check_annotation(model: onnx.ModelProto) -> list[str]:
 def _walk(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     for node in graph.node:
         yield node
-        for body in _bodies(node):
+        for body in bodies(node):
             yield from _walk(body)
 
 
 def _reads(node: onnx.NodeProto) -> Iterator[str]:
     yield from (x for x in node.input if x)
-    for body in _bodies(node):
+    for body in bodies(node):
         for inner in _walk(body):
             yield from (x for x in inner.input if x)

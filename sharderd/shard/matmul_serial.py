@@ -14,6 +14,7 @@ import onnx
 
 from sharderd.plan.matmul_serial import SERIAL_MODE, SERIAL_OPS
 from sharderd.shard.amp import walk_nodes
+from sharderd.shard.annotate import replace_attributes
 
 __all__ = ["FACTOR_ATTR", "MODE_ATTR", "node_serialization", "set_serialization"]
 
@@ -29,14 +30,10 @@ def set_serialization(model: onnx.ModelProto | onnx.GraphProto, factors: Mapping
     for node in walk_nodes(graph):
         if node.name not in factors or node.op_type not in SERIAL_OPS:
             continue
-        kept = [a for a in node.attribute if a.name not in (MODE_ATTR, FACTOR_ATTR)]
-        del node.attribute[:]
-        node.attribute.extend(
-            [
-                *kept,
-                onnx.helper.make_attribute(MODE_ATTR, SERIAL_MODE),
-                onnx.helper.make_attribute(FACTOR_ATTR, int(factors[node.name])),
-            ]
+        replace_attributes(
+            node,
+            onnx.helper.make_attribute(MODE_ATTR, SERIAL_MODE),
+            onnx.helper.make_attribute(FACTOR_ATTR, int(factors[node.name])),
         )
         count += 1
     return count

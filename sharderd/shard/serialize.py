@@ -28,11 +28,14 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 __all__ = [
+    "SPLIT_OPS",
     "SerializeError",
     "Serialized",
     "WeightRows",
+    "max_pieces",
     "serialize_node",
     "splittable",
+    "weight_input",
     "weight_view",
 ]
 
@@ -65,8 +68,14 @@ def _initializers(model: onnx.ModelProto) -> dict[str, TensorProto]:
     return {t.name: t for t in model.graph.initializer}
 
 
+SPLIT_OPS = frozenset({"Gather", "MatMul", "Gemm"})
+"""The ops ``splittable`` can take at all (the rest are never looked at)."""
+
+
 def splittable(model: onnx.ModelProto, node: onnx.NodeProto) -> Literal["rows", "columns"] | None:
     """The kind of rewrite ``serialize_node`` can apply to ``node``, or None."""
+    if node.op_type not in SPLIT_OPS:
+        return None
     inits = _initializers(model)
     if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in inits:
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
@@ -189,8 +198,8 @@ def serialize_node(
     kind = splittable(out, node)
     if kind is None:
         raise SerializeError(f"node {node_name!r} ({node.op_type}) cannot be serialized")
-    weight = _initializers(out)[node.input[0] if kind == "rows" else node.input[1]]
-    size = weight.dims[0] if kind == "rows" or trans_b(node) else weight.dims[1]
+    weight = _initializers(out)[weight_input(node, kind)]
+    size = max_pieces(node, kind, weight)
     if not 2 <= pieces <= size:
         raise SerializeError(f"cannot split {size} {kind} into {pieces} pieces")
     sink = _Sink(data_path, inline_limit)
@@ -208,6 +217,18 @@ def serialize_node(
 
 _Pieces = tuple[list[onnx.NodeProto], list[TensorProto], list[str]]
 """The nodes replacing the original, the new initializers, the names of the weight-holding nodes."""
+
+
+def weight_input(node: onnx.NodeProto, kind: str) -> str:
+    """The input holding the weight a rewrite of ``kind`` slices: the table of a Gather, else
+    the second operand."""
+    return str(node.input[0] if kind == "rows" else node.input[1])
+
+
+def max_pieces(node: onnx.NodeProto, kind: str, weight: TensorProto) -> int:
+    """The most pieces ``node`` can be cut into: the table's rows, or the weight's columns (its
+    rows for a ``transB`` Gemm)."""
+    return int(weight.dims[0] if kind == "rows" or trans_b(node) else weight.dims[1])
 
 
 def trans_b(node: onnx.NodeProto) -> bool:

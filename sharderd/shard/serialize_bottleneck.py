@@ -27,7 +27,13 @@ from sharderd.graph.analyze import Analysis
 from sharderd.plan.bounds import node_work
 from sharderd.plan.ordered_costs import calibrated_compute_s
 from sharderd.plan.serialize_choice import bottleneck_pieces, worth_keeping
-from sharderd.shard.serialize import Serialized, serialize_node, splittable, trans_b
+from sharderd.shard.serialize import (
+    Serialized,
+    max_pieces,
+    serialize_node,
+    splittable,
+    weight_input,
+)
 from sharderd.shard.serialize_file import serialize_file
 from sharderd.shard.write import copy_external_data, write_model
 from sharderd.target import Target
@@ -101,8 +107,7 @@ def _limits(analysis: Analysis, dear: np.ndarray, cut: set[str]) -> np.ndarray:
         if node is None or name in cut:
             continue
         if splittable(model, node) == "columns":  # row pieces each still gather every index
-            weight = inits[node.input[1]]
-            limits[i] = weight.dims[0] if trans_b(node) else weight.dims[1]
+            limits[i] = max_pieces(node, "columns", inits[weight_input(node, "columns")])
     return limits
 
 

@@ -18,7 +18,13 @@ import onnx
 from sharderd.config import PlanConfig
 from sharderd.graph.load import load_model
 from sharderd.plan.serialize_choice import choose_pieces
-from sharderd.shard.serialize import Serialized, serialize_node, splittable, trans_b
+from sharderd.shard.serialize import (
+    Serialized,
+    max_pieces,
+    serialize_node,
+    splittable,
+    weight_input,
+)
 from sharderd.shard.write import copy_external_data, write_model
 from sharderd.target import Target
 
@@ -36,14 +42,11 @@ def serialize_file(
     per_node = np.zeros(len(nodes))
     limits = np.zeros(len(nodes), dtype=np.int64)
     for i, node in enumerate(nodes):
-        if node.op_type not in ("Gather", "MatMul", "Gemm"):  # the only ops splittable() takes
-            continue
         kind = splittable(model, node)
         if kind is not None:
             names = [n for n in node.input if n in inits]
             per_node[i] = sum(_planned_bytes(inits[n], config) for n in names)
-            weight = inits[_weight_input(node, kind)]
-            limits[i] = weight.dims[0] if kind == "rows" or trans_b(node) else weight.dims[1]
+            limits[i] = max_pieces(node, kind, inits[weight_input(node, kind)])
     chosen = choose_pieces(per_node, limits, float(target.memory_bytes))
     if not chosen:
         return path, ()
@@ -66,7 +69,3 @@ def _planned_bytes(tensor: onnx.TensorProto, config: PlanConfig) -> float:
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
     half = config.precision == "fp16" and dtype == np.float32
     return float(np.prod(tensor.dims, dtype=np.float64)) * (2 if half else dtype.itemsize)
-
-
-def _weight_input(node: onnx.NodeProto, kind: str) -> str:
-    return str(node.input[0] if kind == "rows" else node.input[1])
