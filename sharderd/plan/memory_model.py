@@ -9,7 +9,15 @@ from dataclasses import dataclass
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.observations import Observation, runs_minus, runs_within
 
-__all__ = ["HEADROOM", "NOISE", "UNKNOWN_OVER", "amp_closing", "content_model", "stage_factor"]
+__all__ = [
+    "HEADROOM",
+    "NOISE",
+    "UNKNOWN_OVER",
+    "amp_closing",
+    "content_model",
+    "overflow_need",
+    "stage_factor",
+]
 
 HEADROOM = 1.05
 """A re-plan aims each measured stage this far above what the compiler measured. A factor fitted
@@ -39,6 +47,12 @@ def stage_factor(o: Observation, measured: float) -> float:
     return max((measured - code) / rest, 1e-6)
 
 
+def overflow_need(o: Observation) -> float:
+    """How far over its device an overflow measured (× capacity; ``UNKNOWN_OVER`` when the
+    compiler said no bytes)."""
+    return o.measured if o.measured is not None else UNKNOWN_OVER
+
+
 def content_model(
     observations: Sequence[Observation], *, amp: float, estimate: bool = False, exact: bool = False
 ) -> ContentCorrection:
@@ -51,7 +65,7 @@ def content_model(
     """
 
     def aim(o: Observation) -> float:
-        m = o.measured if o.measured is not None else UNKNOWN_OVER
+        m = overflow_need(o)
         if exact:
             return m
         return max(m * (1.0 - NOISE), _JUST_OVER) if estimate else m * HEADROOM

@@ -13,10 +13,16 @@ from typing import Literal
 from sharderd.errors import NoSplitError, PlanInfeasibleError, SharderdError
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.matmul_serial import Serialization, learned, serial_probe
-from sharderd.plan.memory_model import HEADROOM, UNKNOWN_OVER, amp_closing, content_model
+from sharderd.plan.memory_model import (
+    HEADROOM,
+    UNKNOWN_OVER,
+    amp_closing,
+    content_model,
+    overflow_need,
+)
 from sharderd.plan.observations import AttemptKey, Observation
 from sharderd.plan.perf import PERF_BAND, perf_variants, worth_compiling
-from sharderd.plan.stage_amp import cap_too_small, overflow_need, stage_retry, under_global
+from sharderd.plan.stage_amp import cap_too_small, stage_retry, under_global
 
 __all__ = [
     "PERF_BAND",

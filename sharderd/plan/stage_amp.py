@@ -15,13 +15,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from sharderd.plan.memory_model import UNKNOWN_OVER, amp_closing
+from sharderd.plan.memory_model import amp_closing, overflow_need
 from sharderd.plan.observations import Observation
 
 if TYPE_CHECKING:
     from sharderd.plan.search import Attempt, SearchState, Started
 
-__all__ = ["cap_too_small", "overflow_need", "stage_retry", "under_global"]
+__all__ = ["cap_too_small", "stage_retry", "under_global"]
 
 
 def stage_retry(
@@ -67,11 +67,6 @@ def under_global(stage_amps: tuple[float, ...] | None, amp: float) -> tuple[floa
         return None
     capped = tuple(min(a, amp) for a in stage_amps)
     return capped if any(a < amp for a in capped) else None
-
-
-def overflow_need(o: Observation) -> float:
-    """How far over its device an overflow was (``UNKNOWN_OVER`` when it said no bytes)."""
-    return o.measured if o.measured is not None else UNKNOWN_OVER
 
 
 def cap_too_small(cap: float, amp: float, device: int | None, where: str, need: float) -> str:
