@@ -69,7 +69,7 @@ def plan(
     (``ipu-mk2`` by default). ``input_shapes``, ``dims``, ``batch_size`` and ``precision`` amend
     the config's ``[plan]`` as ``sharderd plan``'s flags do. ``serialize=False`` never rewrites a
     node into pieces, neither one too big for one device nor one whose own cost holds the
-    bottleneck up (``--no-serialize``; see README "When one op is too big").
+    bottleneck up (``--no-serialize``; see docs/how-it-works.md, "When one op is too big").
 
     Raises:
         PlanInfeasibleError: no split onto ``devices`` fits (exit code 3).

@@ -340,16 +340,17 @@ def test_status_without_config_suggests_the_file_and_that_command_reads_it(tmp_p
 
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
+DAEMON_DOC = (REPO / "docs" / "daemon.md").read_text(encoding="utf-8")
 
 
-def _section(title: str) -> str:
-    start = README.index(title)
-    end = README.find("\n## ", start + len(title))
-    return README[start:end]
+def _section(title: str, text: str = README) -> str:
+    start = text.index(title)
+    end = text.find("\n## ", start + len(title))
+    return text[start:end]
 
 
 def test_readme_daemon_section_says_it_refuses_root_and_how_to_allow_it() -> None:
-    daemon = _section("## The daemon and its inbox")
+    daemon = _section("## The daemon and its inbox", DAEMON_DOC)
     assert "refuses to run as root" in daemon and "allow_root = true" in daemon
 
 
@@ -363,7 +364,7 @@ def test_readme_output_listings_hold_what_runs_write(
     for path in (tmp_path / "out").iterdir():
         shown = f"example-transformer.{path.name[2:]}" if path.name.startswith("t.") else path.name
         assert shown in listing, path.name
-    results = _section("## The daemon and its inbox")
+    results = _section("## The daemon and its inbox", DAEMON_DOC)
     assert ".sharderd-job" in results and "report.html" in results
 
 
@@ -396,9 +397,10 @@ def test_readme_says_above_the_test_command_how_many_report_tests_skip_without_c
 
 def test_readme_says_what_a_failed_folder_holds() -> None:
     """Not "report.html/json/md" for every failed job: only when the model loaded."""
-    daemon = _section("## The daemon and its inbox")
+    daemon = _section("## The daemon and its inbox", DAEMON_DOC)
     assert "when the model loaded" in daemon
-    assert "(and every daemon job in `done/` or `failed/`) holds `report.html`" not in README
+    report_doc = (REPO / "docs" / "report.md").read_text(encoding="utf-8")
+    assert "(and every daemon job in `done/` or `failed/`) holds `report.html`" not in report_doc
 
 
 def test_every_broken_corpus_model_dropped_into_the_daemon_gets_an_error_md_whose_commands_work(

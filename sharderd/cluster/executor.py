@@ -87,8 +87,8 @@ class RayRunner:
         except Exception as exc:  # ray raises ConnectionError, RuntimeError, AuthenticationError...
             raise ClusterUnavailableError(
                 f"cannot join the Ray cluster at {self.cluster.address!r}: {type(exc).__name__}: {exc}",
-                hint="Start it first (`ray start --head ...` on the head host, see the README's cluster "
-                "section) and give this daemon the same RAY_AUTH_TOKEN_PATH.",
+                hint="Start it first (`ray start --head ...` on the head host, see docs/daemon.md, "
+                "'Running attempts on a Ray cluster') and give this daemon the same RAY_AUTH_TOKEN_PATH.",
             ) from None
         from sharderd.cluster.task import execute
 

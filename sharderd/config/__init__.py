@@ -2,7 +2,7 @@
 
 ``schema`` holds the sections as frozen dataclasses, ``load`` parses and validates a file (unknown
 keys are errors naming the key and its line, found by ``positions``), ``reference`` turns the schema
-into the README's reference and the shipped ``sharderd.toml``, and ``options`` resolves a job's
+into docs/config.md's reference and the shipped ``sharderd.toml``, and ``options`` resolves a job's
 effective search options from flags, sidecar and config, once.
 """
 

@@ -1,7 +1,7 @@
 """The config as text: the reference generated from the schema, and the effective config.
 
 Field docs are the attribute docstrings in ``sharderd/config/schema.py`` (read with ``ast``), so the
-README's reference table and the shipped ``sharderd.toml`` cannot drift from the code: a test
+docs/config.md's reference table and the shipped ``sharderd.toml`` cannot drift from the code: a test
 regenerates both and compares. ``describe_config`` prints a loaded config the same way
 (``sharderd check-config``).
 """
@@ -118,7 +118,7 @@ def default_toml() -> str:
         "# [targets.my-ipu]",
         '# base = "ipu-mk2"          # start from a built-in',
         "# memory_bytes = 900000000  # and override what differs",
-        "# code_bytes_by_op = { MatMul = 262144 }  # per-op code and overhead tables (README, target keys)",
+        "# code_bytes_by_op = { MatMul = 262144 }  # per-op code and overhead tables (docs/config.md, target keys)",
     ]
     return "\n".join(lines) + "\n"
 

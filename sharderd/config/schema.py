@@ -1,7 +1,7 @@
 """The configuration schema: one frozen dataclass per ``sharderd.toml`` section, and ``Config``.
 
 Each field's attribute docstring is its documentation (``sharderd.config.reference`` generates the
-README's reference and the shipped ``sharderd.toml`` from them). Range checks run in
+docs/config.md's reference and the shipped ``sharderd.toml`` from them). Range checks run in
 ``__post_init__`` and raise ``FieldError`` naming the key; the loader adds the file, table and line.
 """
 

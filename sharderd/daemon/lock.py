@@ -47,7 +47,7 @@ class StateLock:
                 f"{state_dir}: one daemon per state_dir and inbox",
                 hint="Stop it first (`systemctl stop sharderd`), or give this one its own inbox, outbox and "
                 "state_dir. To add compile capacity, join more hosts as Ray workers instead ([cluster] "
-                "in the README).",
+                "in docs/daemon.md).",
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

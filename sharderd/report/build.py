@@ -34,7 +34,7 @@ __all__ = [
 SCHEMA = "sharderd.report/2"
 """Version 2 only adds keys to version 1 (none renamed or removed): ``model.compiled_ops``, each
 stage's ``ops``, ``target.op_overhead_s_table`` / ``target.code_bytes_table`` and ``verdict``
-(README, "report.json")."""
+(docs/report.md, "report.json")."""
 
 
 def _value_info(value: onnx.ValueInfoProto) -> dict[str, Any]:
