@@ -82,25 +82,34 @@ class Entry:
 # torch exports
 
 
-def _torch_how(dynamic: str) -> str:
+def torch_how(dynamic: str, attention: str = "eager attention") -> str:
     import torch
 
-    return f"torch=={torch.__version__} torch.onnx.export(dynamo=False, opset={OPSET}), eager attention, {dynamic}"
+    return f"torch=={torch.__version__} torch.onnx.export(dynamo=False, opset={OPSET}), {attention}, {dynamic}"
 
 
-def _export(
+def export_torch(
     module: Any,
     args: tuple[Any, ...],
     path: Path,
     inputs: list[str],
     outputs: list[str],
     axes: dict,
+    no_grad: bool = True,
 ) -> None:
+    """``torch.onnx.export`` as the exports here are made: TorchScript exporter, opset 17,
+    ``dynamic_axes``, constant folding. torch itself moves the weights to external data (one file
+    per tensor beside ``path``) when the model is over protobuf's 2 GB; under it they stay inline.
+    ``no_grad=False`` traces with autograd on, as torch's own export tutorial does: under
+    ``torch.no_grad()`` ``nn.MultiheadAttention`` takes its fused fast path
+    (``aten::_native_multi_head_attention``), which the TorchScript exporter cannot export."""
+    import contextlib
+
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
     module.eval()
-    with torch.no_grad():
+    with torch.no_grad() if no_grad else contextlib.nullcontext():
         torch.onnx.export(
             module,
             args,
@@ -161,7 +170,7 @@ def export_gpt2_kv(path: Path) -> Entry:
     }
     axes |= {name: {0: "batch", 2: "sequence"} for name in presents}
     ids = torch.randint(0, config.vocab_size, (1, 8))
-    _export(
+    export_torch(
         WithPresent(),
         (ids, torch.ones_like(ids)),
         path,
@@ -170,7 +179,7 @@ def export_gpt2_kv(path: Path) -> Entry:
         axes,
     )
     return Entry(
-        how=_torch_how("dynamic batch/sequence, use_cache=True"),
+        how=torch_how("dynamic batch/sequence, use_cache=True"),
         source="transformers GPT-2 architecture config, torch.manual_seed(0)",
         notes="GPT-2 architecture, 2 layers, hidden 64, 4 heads, vocab 1000, random weights; "
         "present key/value of every layer are graph outputs (optimum decoder_model layout)",
@@ -219,7 +228,7 @@ def export_gpt2_past(path: Path) -> Entry:
     ids = torch.randint(0, config.vocab_size, (1, seq))
     past = [torch.randn(1, config.n_head, past_len, head) for _ in pasts]
     mask = torch.ones(1, past_len + seq, dtype=torch.int64)
-    _export(
+    export_torch(
         WithPast(),
         (ids, mask, *past),
         path,
@@ -231,7 +240,7 @@ def export_gpt2_past(path: Path) -> Entry:
         name: [1, 4, 127, 16] for name in pasts
     }
     return Entry(
-        how=_torch_how("dynamic batch/sequence/past_sequence, use_cache=True with past inputs"),
+        how=torch_how("dynamic batch/sequence/past_sequence, use_cache=True with past inputs"),
         source="transformers GPT-2 architecture config, torch.manual_seed(0)",
         notes="GPT-2 architecture, 2 layers, hidden 64, 4 heads, vocab 1000, random weights; past key/values "
         "are inputs and present key/values outputs (optimum decoder_with_past layout); the ORT run is one "
@@ -257,9 +266,9 @@ def export_mobilenet_v2(path: Path) -> Entry:
             return self.model(pixel_values=pixel_values).logits
 
     axes = {"pixel_values": {0: "batch", 2: "height", 3: "width"}, "logits": {0: "batch"}}
-    _export(Logits(), (torch.randn(1, 3, 224, 224),), path, ["pixel_values"], ["logits"], axes)
+    export_torch(Logits(), (torch.randn(1, 3, 224, 224),), path, ["pixel_values"], ["logits"], axes)
     return Entry(
-        how=_torch_how("dynamic batch/height/width"),
+        how=torch_how("dynamic batch/height/width"),
         source="transformers MobileNetV2 architecture config (depth_multiplier 0.35, tf_padding), torch.manual_seed(0)",
         notes="MobileNetV2 at depth multiplier 0.35, TensorFlow 'SAME' padding computed from the input size "
         "(Pad with computed pads), random weights",
@@ -285,7 +294,7 @@ def export_window_attention(path: Path) -> Entry:
     import torch
 
     axes = {"pixel_values": {0: "batch", 2: "height", 3: "width"}, "logits": {0: "batch"}}
-    _export(
+    export_torch(
         _pure_torch("TinySwin"),
         (torch.randn(1, 3, 100, 100),),
         path,
@@ -294,7 +303,7 @@ def export_window_attention(path: Path) -> Entry:
         axes,
     )
     return Entry(
-        how=_torch_how("dynamic batch/height/width, pure torch module"),
+        how=torch_how("dynamic batch/height/width, pure torch module"),
         source="bench/tiny_torch_models.py TinySwin, torch.manual_seed(0)",
         notes="Swin-style window attention (window 7, dim 32, 2 heads, second block shifted by "
         "torch.roll), patch merging; every Pad amount is (7 - size % 7) % 7 of the runtime height "
@@ -307,7 +316,7 @@ def export_unet_attn64(path: Path) -> Entry:
     import torch
 
     axes = {"sample": {0: "batch"}, "out_sample": {0: "batch"}}
-    _export(
+    export_torch(
         _pure_torch("TinyUNet"),
         (torch.randn(1, 4, 64, 64), torch.tensor([10.0])),
         path,
@@ -316,7 +325,7 @@ def export_unet_attn64(path: Path) -> Entry:
         axes,
     )
     return Entry(
-        how=_torch_how("dynamic batch, pure torch module"),
+        how=torch_how("dynamic batch, pure torch module"),
         source="bench/tiny_torch_models.py TinyUNet, torch.manual_seed(0)",
         notes="U-Net with timestep embedding, GroupNorm/SiLU res blocks (channels 16/32) and one-head "
         "self-attention over the whole 64×64 latent: a [4096, 4096] score matrix and its Softmax",
@@ -333,7 +342,7 @@ def export_gpt_decoder(path: Path) -> Entry:
         "logits": {0: "batch", 1: "sequence"},
     }
     ids = torch.randint(0, 1000, (1, 8))
-    _export(
+    export_torch(
         _pure_torch("TinyGPT"),
         (ids, torch.ones_like(ids)),
         path,
@@ -342,7 +351,7 @@ def export_gpt_decoder(path: Path) -> Entry:
         axes,
     )
     return Entry(
-        how=_torch_how("dynamic batch/sequence, pure torch module"),
+        how=torch_how("dynamic batch/sequence, pure torch module"),
         source="bench/tiny_torch_models.py TinyGPT, torch.manual_seed(0)",
         notes="GPT-2-style decoder, 2 layers, hidden 64, 4 heads, vocab 1000: positions from arange, "
         "causal mask from tril of the sequence length, padding mask, tanh GELU, tied LM head",
@@ -357,7 +366,7 @@ def export_bert_encoder(path: Path) -> Entry:
     axes = {name: {0: "batch", 1: "sequence"} for name in names}
     axes |= {"last_hidden_state": {0: "batch", 1: "sequence"}, "pooler_output": {0: "batch"}}
     ids = torch.randint(0, 1000, (1, 8))
-    _export(
+    export_torch(
         _pure_torch("TinyBert"),
         (ids, torch.ones_like(ids), torch.zeros_like(ids)),
         path,
@@ -366,7 +375,7 @@ def export_bert_encoder(path: Path) -> Entry:
         axes,
     )
     return Entry(
-        how=_torch_how("dynamic batch/sequence, pure torch module"),
+        how=torch_how("dynamic batch/sequence, pure torch module"),
         source="bench/tiny_torch_models.py TinyBert, torch.manual_seed(0)",
         notes="BERT encoder, 2 layers, hidden 64, 4 heads, vocab 1000: word/position/token-type "
         "embeddings, extended attention mask, post-norm layers with erf GELU, tanh pooler",
@@ -382,7 +391,7 @@ def export_bert_encoder(path: Path) -> Entry:
 # models shipped in PyPI wheels
 
 
-def _from_wheel(requirement: str, member: str, path: Path) -> None:
+def from_wheel(requirement: str, member: str, path: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, requirement],
@@ -395,7 +404,7 @@ def _from_wheel(requirement: str, member: str, path: Path) -> None:
 
 
 def copy_ppocr_cls(path: Path) -> Entry:
-    _from_wheel(RAPIDOCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", path)
+    from_wheel(RAPIDOCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", path)
     return Entry(
         how=f"copied from the {RAPIDOCR} wheel (rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx)",
         source="PaddleOCR ch_ppocr_mobile_v2.0_cls, trained weights, paddle2onnx export (Apache-2.0)",
@@ -408,7 +417,7 @@ def copy_ppocr_cls(path: Path) -> Entry:
 
 
 def copy_silero_vad(path: Path) -> Entry:
-    _from_wheel(SILERO, "silero_vad/data/silero_vad_16k_op15.onnx", path)
+    from_wheel(SILERO, "silero_vad/data/silero_vad_16k_op15.onnx", path)
     return Entry(
         how=f"copied from the {SILERO} wheel (silero_vad/data/silero_vad_16k_op15.onnx)",
         source="Silero VAD v6 16 kHz, trained weights, torch.onnx export opset 15 (MIT)",
