@@ -1,0 +1,127 @@
+"""Balance beyond the bottleneck on one order: among the splits of an order into contiguous stages
+whose slowest stage is the bisection's optimum ``B``, the leximax-least one (``leximax.py``: the
+next slowest stage least, then the next, and so on).
+
+The bisection (``partition.solve``) finds ``B`` and the layers of ends reachable within it; this is
+a DP over the order's positions with the same stage time ``T(i, j) = u(j) + v(i)``, windows and
+caps, that keeps per end ``j`` and stage count the leximax-least vector of stage times instead of a
+yes/no. Exact over the order's contiguous splits with every stage within ``B`` (leximax's
+principle of optimality), and only the pairs ``(i, j)`` that lie on some such split are formed:
+``i`` reachable forward with ``s`` stages, ``j`` forward with ``s + 1`` and backward with the rest,
+and ``P(j) − P(i) ≤ B``. When the stages are balanced that is a narrow band around each cut; when
+one stage holds ``B`` far above the others the bands widen, and past ``MAX_PAIRS`` the greedy
+reconstruction of the bisection stands (``Partition.balanced`` False, and the claim says so).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from sharderd.plan.leximax import EMPTY, first_per_group, grid_of, push, quantise
+from sharderd.plan.ordered_costs import OrderedCosts
+from sharderd.plan.partition import (
+    IntervalProblem,
+    Partition,
+    interval_problem,
+    range_min,
+    reach,
+    sparse_min,
+)
+
+__all__ = ["MAX_PAIRS", "balance_order", "candidate_pairs"]
+
+MAX_PAIRS = 4_000_000
+"""(start, end) candidates over all stages: ~1 s of numpy sorting; beyond it the greedy split stands."""
+_SLACK = 1e-9
+"""The bisection stops within 1e-10 of the optimum: stages within ``B × (1 + _SLACK)`` count."""
+
+
+def balance_order(
+    oc: OrderedCosts, caps: np.ndarray, found: Partition, *, require_costed: bool
+) -> Partition | None:
+    """The leximax-least split of ``oc``'s order whose every stage is within ``found``'s
+    bottleneck; None when past ``MAX_PAIRS`` (``found`` stands)."""
+    problem = interval_problem(oc, caps, require_costed=require_costed)
+    bound = found.bottleneck_s * (1 + _SLACK)
+    forward = reach(problem, bound)
+    if forward is None:  # cannot happen: ``found`` is within the bound
+        return None
+    back = _reach_back(problem, bound)
+    k, n1 = len(caps), len(problem.u)
+    rows, total = candidate_pairs(problem, oc.prefix_time, forward, back, bound)
+    if total > MAX_PAIRS:
+        return None
+    prefix = oc.prefix_time
+    step = grid_of(float(prefix[-1]))
+    vec = np.full((n1, k), EMPTY, dtype=np.int64)
+    parents: list[np.ndarray] = []
+    for i, j in rows:
+        vectors = push(vec[i], quantise(problem.u[j] + problem.v[i], step))
+        # Ties: the cheapest cut into the stage (a layer boundary, not the inside of a block).
+        order, starts = first_per_group(j, vectors, problem.cut[i])
+        pick = order[starts]
+        new = np.full((n1, k), EMPTY, dtype=np.int64)
+        new[j[pick]] = vectors[pick]
+        parent = np.full(n1, -1, dtype=np.int64)
+        parent[j[pick]] = i[pick]
+        vec = new
+        parents.append(parent)
+    bounds = [n1 - 1]
+    for parent in reversed(parents):
+        bounds.append(int(parent[bounds[-1]]))
+    if min(bounds) < 0:  # cannot happen: every end kept has a start
+        return None
+    cuts = tuple(reversed(bounds))
+    worst = max(oc.stage_time(a, b) for a, b in itertools.pairwise(cuts))
+    return Partition(bounds=cuts, bottleneck_s=worst, probes=found.probes, balanced=True)
+
+
+def candidate_pairs(
+    problem: IntervalProblem,
+    prefix: np.ndarray,
+    forward: list[np.ndarray],
+    back: list[np.ndarray],
+    bound: float,
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """Per stage, the (start, end) pairs on some split within ``bound``, and how many candidates
+    were weighed (the work ``MAX_PAIRS`` limits); stops early once past it."""
+    rows: list[tuple[np.ndarray, np.ndarray]] = []
+    total = 0
+    for s in range(len(problem.lo)):
+        ends = np.flatnonzero(forward[s + 1] & back[s + 1])
+        # T(i, j) >= P(j) - P(i): starts before P(j) - B cannot make a stage within B.
+        first = np.searchsorted(prefix, prefix[ends] - bound * (1 + _SLACK), side="left")
+        lo = np.maximum(problem.lo[s][ends], first)
+        counts = np.maximum(problem.hi[ends] - lo + 1, 0)
+        total += int(counts.sum())
+        if total > MAX_PAIRS:
+            break
+        j = np.repeat(ends, counts)
+        offset = np.arange(len(j)) - np.repeat(np.cumsum(counts) - counts, counts)
+        i = np.repeat(lo, counts) + offset
+        keep = forward[s][i] & (problem.v[i] <= bound - problem.u[j])
+        rows.append((i[keep], j[keep]))
+    return rows, total
+
+
+def _reach_back(problem: IntervalProblem, bound: float) -> list[np.ndarray]:
+    """back[s][i]: positions [i, n) split into stages s..k-1, each within ``bound`` and its window.
+
+    ``partition.reach`` run from the end: for a start ``i`` the ends whose window holds it form
+    one interval (``lo`` and ``hi`` never decrease), and a sparse table gives the least ``u`` over
+    the ends reachable backwards in it."""
+    n1, k = len(problem.u), len(problem.lo)
+    positions = np.arange(n1)
+    ok = positions == n1 - 1
+    layers = [ok]
+    for s in range(k - 1, -1, -1):
+        lo = problem.lo[s]
+        first = np.searchsorted(problem.hi, positions, side="left")
+        last = np.searchsorted(lo, positions, side="right") - 1
+        first = np.maximum(first, positions + 1)
+        least = range_min(sparse_min(np.where(ok, problem.u, np.inf)), first, last)
+        ok = np.isfinite(least) & (problem.v <= bound - least)
+        layers.append(ok)
+    return layers[::-1]
