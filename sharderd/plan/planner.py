@@ -18,6 +18,7 @@ from sharderd.plan.bounds import lower_bound_all_splits
 from sharderd.plan.build import build_plan, costed_split
 from sharderd.plan.claims import LEXICOGRAPHIC, order_balance_claim
 from sharderd.plan.content import ContentCorrection, corrected_analysis
+from sharderd.plan.held import held_by
 from sharderd.plan.ideals import solve_ideals
 from sharderd.plan.infeasible import infeasible_exact, infeasible_proof, weights_proof
 from sharderd.plan.op_costs import node_overhead_s
@@ -67,7 +68,7 @@ def plan_stages(
         proof = weights_proof(analysis, target, devices)
         if proof is not None:
             raise proof
-    return _search(
+    plan = _search(
         analysis,
         target,
         devices,
@@ -77,6 +78,8 @@ def plan_stages(
         measured_s=measured_s,
         content=content,
     )
+    compute_s = calibrated_compute_s(analysis, target, measured_s)
+    return replace(plan, held_by=held_by(analysis, target, compute_s, plan))
 
 
 def _search(
