@@ -62,10 +62,12 @@ def make_plan(
     orders: Sequence[str] | None = None,
     measured_times: Mapping[str, float] | None = None,
     content: ContentCorrection | None = None,
+    fewest: bool = True,
 ) -> Plan:
     """Plan with the config's margin; ``measured_times`` (node name → seconds) replaces FLOPs;
-    ``content`` corrects the bytes of nodes compiles measured. Without learned corrections the
-    plan also says the fewest devices that keep its predicted throughput (``plan.fewest``)."""
+    ``content`` corrects the bytes of nodes compiles measured. With ``fewest`` and without learned
+    corrections the plan also says the fewest devices that keep its predicted throughput
+    (``plan.fewest``: more plans, only when the lower bound leaves room for fewer devices)."""
     measured = _measured(analysis, measured_times)
     margin = config.safety_margin if safety_margin is None else safety_margin
 
@@ -82,7 +84,7 @@ def make_plan(
         )
 
     plan = plan_on(devices)
-    if memory_scale is not None or content is not None or plan.method == "overfull":
+    if not fewest or memory_scale is not None or content is not None or plan.method == "overfull":
         return plan
     return _with_fewest(analysis, target, plan, plan_on, measured)[0]
 
