@@ -16,6 +16,7 @@ venv) one after the other; fields a checkout does not have are left empty.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shlex
 import sys
@@ -36,7 +37,7 @@ def shapes_of(entry: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v) for k, v in entry["ort_input_shapes"].items()}
     flags = shlex.split(entry.get("sharderd_flags") or "")
     shapes = {}
-    for flag, value in zip(flags, flags[1:], strict=False):
+    for flag, value in itertools.pairwise(flags):
         if flag == "--input-shape":
             name, dims = value.split("=")
             shapes[name] = tuple(int(d) for d in dims.split(","))
@@ -146,15 +147,14 @@ def compare(before_path: Path, after_path: Path) -> None:
             return "-" if x is None else f"{x:.2f}"
 
         worse = r["bottleneck_us"] > b["bottleneck_us"] * (1 + 1e-9)
-        held = (
-            f"{r['held_by']} ({r['held_us']:,.1f} µs)" if r.get("held_by") else "-"
-        )
+        held = f"{r['held_by']} ({r['held_us']:,.1f} µs)" if r.get("held_by") else "-"
+        search = "-" if r.get("fewest_s") is None else f"{r['fewest_s']:.2f}"
         print(
             f"| {r['model']} | {r['devices']} | {b['bottleneck_us']:,.2f} → {r['bottleneck_us']:,.2f}"
             f"{' **worse**' if worse else ''} | {ratio(b['flops_max_mean'])} → "
             f"{ratio(r['flops_max_mean'])} | {held} | {r.get('fewest_devices') or '-'} "
             f"| {b['planner_s']:.3f} → {r['planner_s']:.3f} | "
-            f"{'-' if r.get('fewest_s') is None else f'{r['fewest_s']:.2f}'} |"
+            f"{search} |"
         )
     print()
     for r in after:
