@@ -69,6 +69,8 @@ def cell(analysis: Any, target: Any, config: Any, devices: int, repeat: int) -> 
     times = [s.time_s for s in plan.stages]
     flops = [s.flops for s in plan.stages]
     mean = sum(flops) / len(flops)
+    rest = [f for i, f in enumerate(flops) if i != plan.slowest_stage]
+    rest_mean = sum(rest) / len(rest) if rest else 0.0
     cost, node = held_cost(analysis, target, plan)
     holder = getattr(plan, "held_by", None)
     timings = dict(plan.timings_s)
@@ -79,10 +81,12 @@ def cell(analysis: Any, target: Any, config: Any, devices: int, repeat: int) -> 
         "bound_us": plan.lower_bound_s * 1e6,
         "stages_us": [t * 1e6 for t in times],
         "flops_max_mean": max(flops) / mean if mean > 0 else None,
+        "flops_max_mean_others": max(rest) / rest_mean if rest_mean > 0 else None,
         "held": cost >= HOLD_SHARE * plan.bottleneck_s,
         "held_node": node,
         "held_us": cost * 1e6,
         "held_by": None if holder is None else f"{holder.kind} {holder.node}",
+        "held_by_us": None if holder is None else holder.time_s * 1e6,
         "fewest_devices": getattr(plan, "fewest_devices", None),
         "planner_s": timings.get("total"),
         "fewest_s": timings.get("fewest_devices"),
@@ -93,6 +97,7 @@ def cell(analysis: Any, target: Any, config: Any, devices: int, repeat: int) -> 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from sharderd.config import Config, PlanConfig
+    from sharderd.errors import NoSplitError
     from sharderd.graph.analyze import analyze
     from sharderd.graph.load import load_model
 
@@ -114,11 +119,16 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         )
         analyze_s = time.perf_counter() - t0
         for devices in args.devices:
+            try:
+                found = cell(analysis, target, config, devices, args.repeat)
+            except NoSplitError as err:
+                print(f"{name} × {devices}: {err.message}", file=sys.stderr)
+                continue
             row = {
                 "model": name,
                 "nodes": analysis.flow.num_nodes,
                 "analyze_s": analyze_s,
-                **cell(analysis, target, config, devices, args.repeat),
+                **found,
             }
             rows.append(row)
             print(
@@ -135,9 +145,10 @@ def compare(before_path: Path, after_path: Path) -> None:
     after = json.loads(after_path.read_text())["rows"]
     print(
         "| model | devices | bottleneck µs before → after | FLOPs max/mean before → after "
-        "| held by (after) | fewest devices | planner s before → after | fewest search s |"
+        "| same, other stages | held by (after) | fewest devices | planner s before → after "
+        "| fewest search s |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in after:
         b = before.get((r["model"], r["devices"]))
         if b is None:
@@ -147,12 +158,13 @@ def compare(before_path: Path, after_path: Path) -> None:
             return "-" if x is None else f"{x:.2f}"
 
         worse = r["bottleneck_us"] > b["bottleneck_us"] * (1 + 1e-9)
-        held = f"{r['held_by']} ({r['held_us']:,.1f} µs)" if r.get("held_by") else "-"
+        held = f"{r['held_by']} ({r.get('held_by_us') or 0:,.1f} µs)" if r.get("held_by") else "-"
         search = "-" if r.get("fewest_s") is None else f"{r['fewest_s']:.2f}"
         print(
             f"| {r['model']} | {r['devices']} | {b['bottleneck_us']:,.2f} → {r['bottleneck_us']:,.2f}"
             f"{' **worse**' if worse else ''} | {ratio(b['flops_max_mean'])} → "
-            f"{ratio(r['flops_max_mean'])} | {held} | {r.get('fewest_devices') or '-'} "
+            f"{ratio(r['flops_max_mean'])} | {ratio(b.get('flops_max_mean_others'))} → "
+            f"{ratio(r.get('flops_max_mean_others'))} | {held} | {r.get('fewest_devices') or '-'} "
             f"| {b['planner_s']:.3f} → {r['planner_s']:.3f} | "
             f"{search} |"
         )

@@ -86,13 +86,11 @@ class BottleneckHolder:
 
     def describe(self) -> str:
         us = f"{self.time_s * 1e6:,.1f} µs"
-        names = ", ".join(self.tensors)
-        if self.kind == "host_output":
-            what = f"the host transfer of output {names} ({self.bytes:,} bytes) from {self.node}"
-        elif self.kind == "host_input":
-            what = f"the host transfer of input {names} ({self.bytes:,} bytes) to {self.node}"
-        else:
-            what = f"op {self.node} ({self.op_type}) alone"
+        names = f"{', '.join(self.tensors)} ({self.bytes:,} bytes)"
+        what = {
+            "host_output": f"the host transfer of output {names} from {self.node}",
+            "host_input": f"the host transfer of input {names} to {self.node}",
+        }.get(self.kind, f"op {self.node} ({self.op_type}) alone")
         return (
             f"{what}: {us}, {self.share:.0%} of stage {self.stage}; no split can move it, so no "
             "split or device count makes the slowest stage faster than that"

@@ -8,19 +8,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import dag_cases
 import numpy as np
 import onnx
 import pytest
-from dag_cases import (
-    TARGET,
-    branchy_dags,
-    dag_settings,
-    evaluate,
-    evaluate_stages,
-    leximax_key,
-    loaded,
-    valid_assignments,
-)
+from dag_cases import TARGET, branchy_dags, dag_settings, evaluate, loaded, valid_assignments
 from hypothesis import event, given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
@@ -97,7 +89,7 @@ def test_dp_equals_the_brute_force_over_its_splits(
         return
     costed = ((analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)).tolist()
     cases = [
-        (evaluate_stages(analysis, TARGET, a, k, measured), a)
+        (dag_cases.evaluate_stages(analysis, TARGET, a, k, measured), a)
         for a in assignments
         if _respects(a, groups)
         and (
@@ -120,20 +112,24 @@ def test_dp_equals_the_brute_force_over_its_splits(
         assert found.assignment is None
         return
     total = sum(fitting[0])
-    expected = min(fitting, key=lambda t: leximax_key(t, total))
+    expected = min(fitting, key=lambda t: dag_cases.leximax_key(t, total))
     optimum = max(expected)
     assert found.assignment is not None
     assert found.bottleneck_s == pytest.approx(optimum, rel=1e-9)
-    times, mems = evaluate_stages(analysis, target, found.assignment.tolist(), k, measured)
+    times, mems = dag_cases.evaluate_stages(
+        analysis, target, found.assignment.tolist(), k, measured
+    )
     assert max(times) == pytest.approx(optimum, rel=1e-9) and max(mems) <= target.memory_bytes
-    assert leximax_key(times, total) == leximax_key(expected, total)
+    assert dag_cases.leximax_key(times, total) == dag_cases.leximax_key(expected, total)
     assert _respects(found.assignment.tolist(), groups)
     # The order search's bound only prunes: at the optimum it finds it, below it nothing.
     again = _solve(analysis, target, caps, groups, upper=optimum, measured=measured)
     assert again is not None and again.bottleneck_s == pytest.approx(optimum, rel=1e-9)
     assert again.assignment is not None
-    again_times, _ = evaluate_stages(analysis, target, again.assignment.tolist(), k, measured)
-    assert leximax_key(again_times, total) == leximax_key(expected, total)
+    again_times, _ = dag_cases.evaluate_stages(
+        analysis, target, again.assignment.tolist(), k, measured
+    )
+    assert dag_cases.leximax_key(again_times, total) == dag_cases.leximax_key(expected, total)
     below = _solve(analysis, target, caps, groups, upper=optimum * 0.999, measured=measured)
     assert below is not None and below.assignment is None
 
