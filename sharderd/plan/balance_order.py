@@ -29,8 +29,9 @@ from sharderd.plan.partition import (
     reach,
     sparse_min,
 )
+from sharderd.plan.second_stage import reach_one_over, second_bound
 
-__all__ = ["MAX_PAIRS", "balance_order", "candidate_pairs"]
+__all__ = ["MAX_PAIRS", "balance_order", "candidate_pairs", "one_over_pairs", "window_pairs"]
 
 MAX_PAIRS = 4_000_000
 """(start, end) candidates over all stages: ~1 s of numpy sorting; beyond it the greedy split stands."""
@@ -51,13 +52,19 @@ def balance_order(
     back = _reach_back(problem, bound)
     k, n1 = len(caps), len(problem.u)
     rows, total = candidate_pairs(problem, oc.prefix_time, forward, back, bound)
+    if total > MAX_PAIRS:  # one stage far above the rest: only narrow bands can hold the others
+        b2 = second_bound(problem, bound)
+        rows, total = one_over_pairs(problem, oc.prefix_time, bound, b2)
     if total > MAX_PAIRS:
         return None
     prefix = oc.prefix_time
     step = grid_of(float(prefix[-1]))
     vec = np.full((n1, k), EMPTY, dtype=np.int64)
     parents: list[np.ndarray] = []
-    for i, j in rows:
+    for s, (i, j) in enumerate(rows):
+        if s:  # a start no split reaches has no vector yet (every kept pair's start has one)
+            placed = vec[i, 0] != EMPTY
+            i, j = i[placed], j[placed]
         vectors = push(vec[i], quantise(problem.u[j] + problem.v[i], step))
         # Ties: the cheapest cut into the stage (a layer boundary, not the inside of a block).
         order, starts = first_per_group(j, vectors, problem.cut[i])
@@ -90,20 +97,52 @@ def candidate_pairs(
     rows: list[tuple[np.ndarray, np.ndarray]] = []
     total = 0
     for s in range(len(problem.lo)):
-        ends = np.flatnonzero(forward[s + 1] & back[s + 1])
-        # T(i, j) >= P(j) - P(i): starts before P(j) - B cannot make a stage within B.
-        first = np.searchsorted(prefix, prefix[ends] - bound * (1 + _SLACK), side="left")
-        lo = np.maximum(problem.lo[s][ends], first)
-        counts = np.maximum(problem.hi[ends] - lo + 1, 0)
-        total += int(counts.sum())
+        i, j = window_pairs(problem, prefix, s, forward[s + 1] & back[s + 1], bound)
+        total += len(i)
         if total > MAX_PAIRS:
             break
-        j = np.repeat(ends, counts)
-        offset = np.arange(len(j)) - np.repeat(np.cumsum(counts) - counts, counts)
-        i = np.repeat(lo, counts) + offset
         keep = forward[s][i] & (problem.v[i] <= bound - problem.u[j])
         rows.append((i[keep], j[keep]))
     return rows, total
+
+
+def one_over_pairs(
+    problem: IntervalProblem, prefix: np.ndarray, b1: float, b2: float
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """``candidate_pairs`` for splits with every stage within ``b1`` and all but one within
+    ``b2`` (``second_stage``): a pair within ``b2`` needs at most one stage above it elsewhere,
+    a pair above ``b2`` none."""
+    fwd = reach_one_over(problem, b1, b2, forward=True)
+    back = reach_one_over(problem, b1, b2, forward=False)
+    rows: list[tuple[np.ndarray, np.ndarray]] = []
+    total = 0
+    for s in range(len(problem.lo)):
+        (f0, f1), (g0, g1), (_, h1) = fwd[s], back[s + 1], fwd[s + 1]
+        i, j = window_pairs(problem, prefix, s, h1 & g1, b2)
+        low = problem.u[j] + problem.v[i]
+        keep = (low <= b2 * (1 + _SLACK)) & ((f0[i] & g1[j]) | (f1[i] & g0[j]))
+        hi_i, hi_j = window_pairs(problem, prefix, s, h1 & g0, b1)
+        high = problem.u[hi_j] + problem.v[hi_i]
+        over = f0[hi_i] & (high > b2 * (1 + _SLACK)) & (problem.v[hi_i] <= b1 - problem.u[hi_j])
+        total += len(i) + len(hi_i)
+        if total > MAX_PAIRS:
+            break
+        rows.append((np.r_[i[keep], hi_i[over]], np.r_[j[keep], hi_j[over]]))
+    return rows, total
+
+
+def window_pairs(
+    problem: IntervalProblem, prefix: np.ndarray, s: int, ends_ok: np.ndarray, bound: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every (start, end) with the end in ``ends_ok`` and the start in stage ``s``'s window and
+    within ``bound`` of it in work (``T(i, j) >= P(j) - P(i)``), before any other test."""
+    ends = np.flatnonzero(ends_ok)
+    first = np.searchsorted(prefix, prefix[ends] - bound * (1 + _SLACK), side="left")
+    lo = np.maximum(problem.lo[s][ends], first)
+    counts = np.maximum(problem.hi[ends] - lo + 1, 0)
+    j = np.repeat(ends, counts)
+    offset = np.arange(len(j)) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(lo, counts) + offset, j
 
 
 def _reach_back(problem: IntervalProblem, bound: float) -> list[np.ndarray]:
