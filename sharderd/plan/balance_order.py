@@ -93,14 +93,17 @@ def candidate_pairs(
     bound: float,
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     """Per stage, the (start, end) pairs on some split within ``bound``, and how many candidates
-    were weighed (the work ``MAX_PAIRS`` limits); stops early once past it."""
+    there are to weigh (the work ``MAX_PAIRS`` limits): counted first, formed only within it."""
+    windows = [
+        _windows(problem, prefix, s, forward[s + 1] & back[s + 1], bound)
+        for s in range(len(problem.lo))
+    ]
+    total = sum(int(w[2].sum()) for w in windows)
+    if total > MAX_PAIRS:
+        return [], total
     rows: list[tuple[np.ndarray, np.ndarray]] = []
-    total = 0
-    for s in range(len(problem.lo)):
-        i, j = window_pairs(problem, prefix, s, forward[s + 1] & back[s + 1], bound)
-        total += len(i)
-        if total > MAX_PAIRS:
-            break
+    for s, window in enumerate(windows):
+        i, j = _spread(*window)
         keep = forward[s][i] & (problem.v[i] <= bound - problem.u[j])
         rows.append((i[keep], j[keep]))
     return rows, total
@@ -136,10 +139,20 @@ def window_pairs(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every (start, end) with the end in ``ends_ok`` and the start in stage ``s``'s window and
     within ``bound`` of it in work (``T(i, j) >= P(j) - P(i)``), before any other test."""
+    return _spread(*_windows(problem, prefix, s, ends_ok, bound))
+
+
+def _windows(
+    problem: IntervalProblem, prefix: np.ndarray, s: int, ends_ok: np.ndarray, bound: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``window_pairs`` as (ends, first start, count of starts) per end, not yet formed."""
     ends = np.flatnonzero(ends_ok)
     first = np.searchsorted(prefix, prefix[ends] - bound * (1 + _SLACK), side="left")
     lo = np.maximum(problem.lo[s][ends], first)
-    counts = np.maximum(problem.hi[ends] - lo + 1, 0)
+    return ends, lo, np.maximum(problem.hi[ends] - lo + 1, 0)
+
+
+def _spread(ends: np.ndarray, lo: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     j = np.repeat(ends, counts)
     offset = np.arange(len(j)) - np.repeat(np.cumsum(counts) - counts, counts)
     return np.repeat(lo, counts) + offset, j

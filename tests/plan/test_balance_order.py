@@ -106,25 +106,43 @@ def test_balance_is_the_leximax_least_contiguous_split(
 
 
 def test_past_the_pair_limit_the_bisections_split_stands(monkeypatch) -> None:
-    """At the limit the DP runs; one candidate under it, it gives up (None) and the bisection's
-    split stands, rather than a guess called balanced."""
+    """At the limit the wide bands are weighed; one candidate under it, the narrow bands of the
+    second-slowest stage's bound are; under both, it gives up (None) and the bisection's split
+    stands, rather than a guess called balanced."""
     analysis = analyze(loaded(examples.chain(nodes=40)), PlanConfig())
     order = next(iter(candidate_orders(analysis.flow).values()))
     oc = ordered_costs(analysis, TARGET, order, calibrated_compute_s(analysis, TARGET, None))
     caps = np.full(3, float(TARGET.memory_bytes))
     found = solve(oc, caps, require_costed=True)
     assert found is not None
-    counted: list[int] = []
-    real = balance_module.candidate_pairs
+    calls: list[tuple[str, int]] = []
 
-    def counting(*args):  # type: ignore[no-untyped-def]
-        rows, total = real(*args)
-        counted.append(total)
-        return rows, total
+    def counting(name):  # type: ignore[no-untyped-def]
+        real = getattr(balance_module, name)
 
-    monkeypatch.setattr(balance_module, "candidate_pairs", counting)
+        def wrapped(*args):  # type: ignore[no-untyped-def]
+            rows, total = real(*args)
+            calls.append((name, total))
+            return rows, total
+
+        return wrapped
+
+    monkeypatch.setattr(balance_module, "candidate_pairs", counting("candidate_pairs"))
+    monkeypatch.setattr(balance_module, "one_over_pairs", counting("one_over_pairs"))
+    monkeypatch.setattr(balance_module, "MAX_PAIRS", 10**9)
     assert balance_order(oc, caps, found, require_costed=True) is not None
-    monkeypatch.setattr(balance_module, "MAX_PAIRS", counted[0])
+    (wide,) = [t for name, t in calls if name == "candidate_pairs"]
+    assert [name for name, _ in calls] == ["candidate_pairs"]
+    calls.clear()
+    monkeypatch.setattr(balance_module, "MAX_PAIRS", wide)
     assert balance_order(oc, caps, found, require_costed=True) is not None
-    monkeypatch.setattr(balance_module, "MAX_PAIRS", counted[0] - 1)
+    assert [name for name, _ in calls] == ["candidate_pairs"]
+    calls.clear()
+    monkeypatch.setattr(balance_module, "MAX_PAIRS", wide - 1)
+    narrow_ok = balance_order(oc, caps, found, require_costed=True)
+    assert [name for name, _ in calls] == ["candidate_pairs", "one_over_pairs"]
+    narrow = calls[-1][1]
+    assert (narrow_ok is not None) == (narrow <= wide - 1)
+    calls.clear()
+    monkeypatch.setattr(balance_module, "MAX_PAIRS", min(wide, narrow) - 1)
     assert balance_order(oc, caps, found, require_costed=True) is None
