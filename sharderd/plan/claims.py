@@ -14,11 +14,8 @@ LEXICOGRAPHIC = ", lexicographically: the slowest stage least, then the next slo
 def order_balance_claim(order: str, balanced: bool) -> str:
     """What is known of the stages other than the slowest in an order search's plan."""
     if balanced:
-        return (
-            f"; the other stages are the lexicographically least (the next slowest least, then "
-            f"the next ...) of the `{order}` order's contiguous splits with this slowest stage"
-        )
+        return f"; then the next slowest stage least, and so on, over the `{order}` order's splits"
     return (
-        f"; the other stages are balanced greedily along the `{order}` order (the exact balance "
-        f"weighs at most {MAX_PAIRS:,} stage candidates and this order needed more)"
+        f"; the other stages balanced greedily along the `{order}` order (balancing them exactly "
+        f"weighs at most {MAX_PAIRS:,} candidate stages; this needed more)"
     )

@@ -24,7 +24,7 @@ def utilisation_chart(stages: Sequence[Mapping[str, Any]], bottleneck_s: float) 
     """A bar per stage, its height the stage's utilisation; the 100% line is the slowest stage."""
     n = max(len(stages), 1)
     width = max(300.0, min(1140.0, 16 + 90.0 * n))
-    top, plot_h, bottom = 18, 120, 22
+    top, plot_h, bottom = 6, 40, 20
     group = (width - 16) / n
     bar_w = min(group * 0.7, 70)
     full = top
@@ -51,12 +51,7 @@ def utilisation_chart(stages: Sequence[Mapping[str, Any]], bottleneck_s: float) 
                 f' class="bar-utilisation" data-utilisation="{value!r}"',
             )
         )
-        body.append(
-            _text(
-                cx, top + plot_h - h - 3 if h < plot_h - 12 else top + 12, label, "middle", "tiny"
-            )
-        )
-        body.append(_text(cx, top + plot_h + 15, f"stage {s}", "middle", "small"))
+        body.append(_text(cx, top + plot_h + 15, f"stage {s}: {label}", "middle", "small"))
         desc.append(f"stage {s}: {label}")
     return _svg(
         "utilisation-chart",
