@@ -3,8 +3,9 @@ model's own I/O; no logging, no global state. The CLI and the daemon call only t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,8 @@ from sharderd.fsutil import atomic_write
 from sharderd.graph.analyze import Analysis, analyze
 from sharderd.graph.load import load_model
 from sharderd.plan.content import ContentCorrection
+from sharderd.plan.fewest import fewest_devices
+from sharderd.plan.ordered_costs import calibrated_compute_s
 from sharderd.plan.planner import plan_stages
 from sharderd.plan.types import Plan
 from sharderd.shard.amp import set_stage_amps
@@ -26,7 +29,14 @@ from sharderd.shard.poprt_config import manual_sharding_yaml
 from sharderd.shard.write import copy_external_data, write_converted, write_model
 from sharderd.target import Target
 
-__all__ = ["ShardFiles", "analyze_file", "annotated_model", "make_plan", "write_shard_files"]
+__all__ = [
+    "ShardFiles",
+    "analyze_file",
+    "annotated_model",
+    "make_auto_plan",
+    "make_plan",
+    "write_shard_files",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,25 +62,104 @@ def make_plan(
     orders: Sequence[str] | None = None,
     measured_times: Mapping[str, float] | None = None,
     content: ContentCorrection | None = None,
+    fewest: bool = True,
 ) -> Plan:
     """Plan with the config's margin; ``measured_times`` (node name → seconds) replaces FLOPs;
-    ``content`` corrects the bytes of nodes compiles measured."""
-    measured = None
-    if measured_times:
-        measured = np.array(
-            [measured_times.get(name, np.nan) for name in analysis.flow.node_names],
-            dtype=np.float64,
+    ``content`` corrects the bytes of nodes compiles measured. With ``fewest`` and without learned
+    corrections the plan also says the fewest devices that keep its predicted throughput
+    (``plan.fewest``: more plans, only when the lower bound leaves room for fewer devices)."""
+    measured = _measured(analysis, measured_times)
+    margin = config.safety_margin if safety_margin is None else safety_margin
+
+    def plan_on(count: int) -> Plan:
+        return plan_stages(
+            analysis,
+            target,
+            count,
+            safety_margin=margin,
+            memory_scale=memory_scale,
+            orders=orders,
+            measured_s=measured,
+            content=content,
         )
-    return plan_stages(
-        analysis,
-        target,
-        devices,
-        safety_margin=config.safety_margin if safety_margin is None else safety_margin,
-        memory_scale=memory_scale,
-        orders=orders,
-        measured_s=measured,
-        content=content,
+
+    plan = plan_on(devices)
+    if not fewest or memory_scale is not None or content is not None or plan.method == "overfull":
+        return plan
+    return _with_fewest(analysis, target, plan, plan_on, measured)[0]
+
+
+def make_auto_plan(
+    analysis: Analysis,
+    target: Target,
+    max_devices: int,
+    config: PlanConfig,
+    *,
+    orders: Sequence[str] | None = None,
+    measured_times: Mapping[str, float] | None = None,
+) -> Plan:
+    """``--devices auto``: plan on at most ``max_devices`` (and at most one per node), then on the
+    fewest devices whose predicted throughput is within ``THROUGHPUT_BAND`` of that plan's, so the
+    other devices stay free. The plan says so (``Plan.max_devices``)."""
+    measured = _measured(analysis, measured_times)
+
+    def plan_on(count: int) -> Plan:
+        return plan_stages(
+            analysis,
+            target,
+            count,
+            safety_margin=config.safety_margin,
+            orders=orders,
+            measured_s=measured,
+        )
+
+    widest = plan_on(max(1, min(max_devices, analysis.flow.num_nodes)))
+    if widest.method == "overfull":
+        return replace(widest, max_devices=max_devices)
+    found, chosen = _with_fewest(analysis, target, widest, plan_on, measured)
+    return replace(
+        chosen,
+        fewest_devices=found.fewest_devices,
+        fewest_bottleneck_s=chosen.bottleneck_s,
+        max_devices=max_devices,
+        timings_s={
+            **chosen.timings_s,
+            **{k: v for k, v in found.timings_s.items() if k.startswith("fewest")},
+        },
     )
+
+
+def _measured(analysis: Analysis, measured_times: Mapping[str, float] | None) -> np.ndarray | None:
+    if not measured_times:
+        return None
+    return np.array(
+        [measured_times.get(name, np.nan) for name in analysis.flow.node_names], dtype=np.float64
+    )
+
+
+def _with_fewest(
+    analysis: Analysis,
+    target: Target,
+    plan: Plan,
+    plan_on: Callable[[int], Plan],
+    measured: np.ndarray | None,
+) -> tuple[Plan, Plan]:
+    """``plan`` with its fewest devices filled in, and the plan on that many devices."""
+    t0 = time.perf_counter()
+    compute_s = calibrated_compute_s(analysis, target, measured)
+    found = fewest_devices(analysis, target, compute_s, plan, plan_on)
+    timings = {
+        **plan.timings_s,
+        "fewest_devices": time.perf_counter() - t0,
+        "fewest_devices_plans": float(len(found.planned)),
+    }
+    marked = replace(
+        plan,
+        fewest_devices=found.devices,
+        fewest_bottleneck_s=found.plan.bottleneck_s,
+        timings_s=timings,
+    )
+    return marked, found.plan
 
 
 def annotated_model(

@@ -23,6 +23,8 @@ __all__ = [
     "branchy_dags",
     "dag_settings",
     "evaluate",
+    "evaluate_stages",
+    "leximax_key",
     "loaded",
     "splits",
     "valid_assignments",
@@ -134,9 +136,22 @@ def evaluate(
 ) -> tuple[float, list[int]]:
     """(bottleneck, memory per stage) of one split, straight from the model's definition:
     stages run one after the other, each in the reference order."""
+    times, mems = evaluate_stages(analysis, target, assignment, k)
+    return max(times), mems
+
+
+def evaluate_stages(
+    analysis: Analysis,
+    target: Target,
+    assignment: list[int],
+    k: int,
+    measured: np.ndarray | None = None,
+) -> tuple[list[float], list[int]]:
+    """(time per stage, memory per stage) of one split: ``evaluate``'s, stage by stage;
+    ``measured`` (seconds per node) replaces the FLOP model as ``plan_stages``' ``measured_s``."""
     flow, costs = analysis.flow, analysis.costs
     n = flow.num_nodes
-    compute = calibrated_compute_s(analysis, target, None)
+    compute = calibrated_compute_s(analysis, target, measured)
     ref = next(iter(candidate_orders(flow).values())).tolist()
     rank = {q: r for r, q in enumerate(ref)}
     order = sorted(range(n), key=lambda q: (assignment[q], rank[q]))
@@ -181,7 +196,13 @@ def evaluate(
             + peak
             + sum(target.code_bytes_for(flow.op_types[q]) for q in members if analysis.compiled[q])
         )
-    return max(times), mems
+    return times, mems
+
+
+def leximax_key(times: list[float], total: float) -> tuple[int, ...]:
+    """Stage times slowest first, rounded to 1e-11 of ``total``: splits compare by this tuple
+    (the first stage time that differs decides)."""
+    return tuple(round(t / (1e-11 * total)) for t in sorted(times, reverse=True))
 
 
 IN_PLACE = {"Identity": (0,), "Relu": (0,), "Add": (0, 1)}
@@ -215,15 +236,17 @@ def in_place(graph: onnx.GraphProto, nb: list[int], ids: dict[str, int]) -> list
     return out
 
 
-def splits(analysis: Analysis, target: Target, k: int) -> list[tuple[float, list[int]]]:
-    """(bottleneck, memory per stage) of every valid split that gives each stage real work."""
+def splits(
+    analysis: Analysis, target: Target, k: int, measured: np.ndarray | None = None
+) -> list[tuple[list[float], list[int]]]:
+    """(time per stage, memory per stage) of every valid split that gives each stage real work."""
     assignments = valid_assignments(analysis, k)
     assume(assignments is not None)
     assert assignments is not None
     costed = ((analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)).tolist()
     require_costed = sum(costed) >= k
     return [
-        evaluate(analysis, target, a, k)
+        evaluate_stages(analysis, target, a, k, measured)
         for a in assignments
         if not require_costed
         or all(any(costed[q] for q in range(len(a)) if a[q] == s) for s in range(k))

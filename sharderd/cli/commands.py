@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from sharderd.cli.parser import build_parser, config_from_args
+from sharderd.cli.parser import build_parser, config_from_args, device_request
 from sharderd.config import Config, load_config, search_options
 from sharderd.errors import EXIT_FAILED, EXIT_OK, ConfigError, SharderdError
 
@@ -23,7 +23,7 @@ __all__ = ["main"]
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from sharderd.engine import analyze_file, make_plan
+    from sharderd.engine import analyze_file, make_auto_plan, make_plan
     from sharderd.report.build import (
         as_given,
         model_facts,
@@ -35,13 +35,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from sharderd.shard.serialize_bottleneck import serialized_for_plan
 
     config = config_from_args(args)
+    devices, auto = device_request(args)
     target = config.target(args.target)
     started = time.perf_counter()
-    with serialized_for_plan(args.model, config, args.target, args.devices) as chosen:
+    with serialized_for_plan(args.model, config, args.target, devices) as chosen:
         analysis = chosen.analysis or analyze_file(chosen.path, config.plan)
     serialized = chosen.records
     analyzed = time.perf_counter()
-    plan = make_plan(analysis, target, args.devices, config.plan)
+    if auto:
+        plan = make_auto_plan(analysis, target, devices, config.plan)
+    else:
+        plan = make_plan(analysis, target, devices, config.plan)
     stage_of = dict(zip(analysis.flow.node_names, map(int, plan.assignment), strict=True))
     model = model_facts(analysis)
     if serialized:  # the report names the user's file, not the temporary serialized copy
@@ -60,11 +64,36 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
     else:
         print(render_markdown(report), end="")
+    _say_fewest(report, args)
     if plan.method == "overfull":
         from sharderd.plan.infeasible import overfull_not_proven
 
         raise overfull_not_proven(plan, target)
     return EXIT_OK
+
+
+def _say_fewest(report: dict[str, Any], args: argparse.Namespace) -> None:
+    """One line on stderr when fewer devices than asked for keep the predicted throughput, or
+    which count ``--devices auto`` chose."""
+    plan = report.get("plan") or {}
+    fewest, devices = plan.get("fewest_devices"), plan.get("devices")
+    if fewest is None or devices is None:
+        return
+    band = f"{plan['fewest_devices_band']:.0%}"
+    if plan.get("max_devices") is not None:
+        print(
+            f"sharderd: --devices auto chose {devices} of at most {plan['max_devices']} devices: "
+            f"the fewest whose predicted throughput is within {band} of a plan on "
+            f"{plan['max_devices']}",
+            file=sys.stderr,
+        )
+    elif fewest < devices:
+        print(
+            f"sharderd: {fewest} device(s) give the predicted throughput of these {devices} "
+            f"(within {band}); plan on them with --devices {fewest}, or let sharderd choose with "
+            f"--devices auto --max-devices {devices}",
+            file=sys.stderr,
+        )
 
 
 def _cmd_shard(args: argparse.Namespace) -> int:
@@ -90,13 +119,15 @@ def _cmd_shard(args: argparse.Namespace) -> int:
         parallel=args.parallel,
         attempt_timeout=args.attempt_timeout,
     )
+    devices, auto = device_request(args)
     stem = args.model.name.removesuffix(".onnx")
     out_dir = args.out or Path(f"{stem}.sharded")
     spec = JobSpec(
         model=args.model,
         out_dir=out_dir,
         stem=stem,
-        devices=args.devices,
+        devices=devices,
+        auto_devices=auto,
         config=config,
         search=search,
         target=args.target,
@@ -114,6 +145,8 @@ def _cmd_shard(args: argparse.Namespace) -> int:
     elif not args.quiet:
         print(render_markdown(result.report), end="")
         print(f"wrote {out_dir}/")
+    if not args.quiet:
+        _say_fewest(result.report, args)
     return EXIT_OK
 
 

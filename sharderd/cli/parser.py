@@ -14,7 +14,7 @@ from sharderd import __version__
 from sharderd.config import Config, amend_plan, load_config
 from sharderd.errors import ConfigError
 
-__all__ = ["build_parser", "config_from_args"]
+__all__ = ["build_parser", "config_from_args", "device_request", "devices_arg"]
 
 _DESCRIPTION = (
     "Split an ONNX model into pipeline stages, one accelerator each (IPU via PopRT, or checked "
@@ -22,10 +22,49 @@ _DESCRIPTION = (
 )
 
 
+def devices_arg(text: str) -> int | str:
+    """``--devices``: a count, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a device count or auto, got {text!r}") from None
+
+
+def device_request(args: argparse.Namespace) -> tuple[int, bool]:
+    """(devices, auto): with ``--devices auto`` the count is ``--max-devices``."""
+    if args.devices != "auto":
+        if args.max_devices is not None:
+            raise ConfigError(
+                "--max-devices applies to --devices auto only",
+                hint=f"drop --max-devices, or use --devices auto --max-devices {args.max_devices}",
+            )
+        return int(args.devices), False
+    if args.max_devices is None:
+        raise ConfigError(
+            "--devices auto needs --max-devices N, the most devices it may use",
+            hint="add --max-devices 8 (or the number of devices you can give the model)",
+        )
+    if args.max_devices < 1:
+        raise ConfigError(f"--max-devices must be >= 1, got {args.max_devices}")
+    return int(args.max_devices), True
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", type=Path, help="the .onnx file (external data beside it)")
     p.add_argument(
-        "--devices", "-n", type=int, required=True, help="pipeline stages, one device each"
+        "--devices",
+        "-n",
+        type=devices_arg,
+        required=True,
+        help="pipeline stages, one device each; auto: the fewest (up to --max-devices) that keep "
+        "the predicted throughput of a plan on --max-devices, so the other devices stay free",
+    )
+    p.add_argument(
+        "--max-devices",
+        type=int,
+        help="with --devices auto: the most devices it may use (required there)",
     )
     p.add_argument(
         "--target", "-t", help="device description (default: config [target] name, ipu-mk2)"

@@ -187,6 +187,14 @@ def load_table(
         ) from None
 
 
+def _describe(hint: Any) -> str:
+    """A type of the schema in words, for an error naming what a key takes."""
+    if typing.get_origin(hint) is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(hint))
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
+
+
 def _coerce(value: Any, hint: Any, where: str, path: tuple[str, ...]) -> Any:
     def fail(message: str) -> LocatedError:
         return LocatedError(f"{where}: {message}", path=path)
@@ -197,7 +205,14 @@ def _coerce(value: Any, hint: Any, where: str, path: tuple[str, ...]) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], where, path)
+        if len(inner) == 1:
+            return _coerce(value, inner[0], where, path)
+        for kind in inner:  # e.g. ``int | Literal["auto"]``: the first that takes the value
+            try:
+                return _coerce(value, kind, where, path)
+            except LocatedError:
+                continue
+        raise fail(f"expected {' or '.join(_describe(k) for k in inner)}, got {value!r}")
     if origin is Literal:
         if value not in args:
             raise fail(f"{value!r} is not one of {', '.join(map(repr, args))}")

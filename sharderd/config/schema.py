@@ -193,8 +193,10 @@ class DaemonConfig:
     """Holds ``processing/``, ``failed/``, ``done/`` and the job journal."""
     runtime_dir: Path | None = None
     """Where ``status.json`` lives; default ``$RUNTIME_DIRECTORY`` or ``state_dir``."""
-    devices: int = 2
-    """Pipeline stages for jobs whose sidecar does not say."""
+    devices: int | Literal["auto"] = 2
+    """Pipeline stages for jobs whose sidecar does not say; ``"auto"``: the fewest, up to ``max_devices``, whose predicted throughput is within 1% of a plan on ``max_devices`` (the rest stay free for other jobs)."""
+    max_devices: int | None = None
+    """With ``devices = "auto"``: the most devices a job may use (required there, unused otherwise)."""
     target: str | None = None
     """Default target for jobs; None: the ``[target]`` section's."""
     backend: Literal["auto", "poprt", "onnxruntime", "none"] = "auto"
@@ -235,7 +237,14 @@ class DaemonConfig:
     """Also serve the metrics on ``http://127.0.0.1:PORT/metrics`` (needs ``prometheus-client``; 0: a free port, logged; unset: no port)."""
 
     def __post_init__(self) -> None:
-        _check(self.devices >= 1, "daemon.devices", "must be >= 1")
+        if self.devices == "auto":
+            _check(
+                self.max_devices is not None and self.max_devices >= 1,
+                "daemon.max_devices",
+                'must be set (>= 1) with devices = "auto"',
+            )
+        else:
+            _check(self.devices >= 1, "daemon.devices", 'must be >= 1 or "auto"')
         _check(self.max_parallel_compiles >= 1, "daemon.max_parallel_compiles", "must be >= 1")
         _check(self.max_attempts >= 1, "daemon.max_attempts", "must be >= 1")
         _check(

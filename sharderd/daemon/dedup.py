@@ -37,6 +37,7 @@ def effective_options(config: Config, options: JobOptions) -> dict[str, Any]:
     """Every option that changes the result; priority and limits do not."""
     return {
         "devices": options.devices,
+        **({"auto_devices": True} if options.auto_devices else {}),
         "target": asdict(config.target(options.target)),
         "backend": options.backend,
         "optimal_perf": options.optimal_perf,

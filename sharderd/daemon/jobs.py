@@ -150,6 +150,7 @@ class JobRun:
             job_id=job.job_id,
             priority=options.priority,
             isolate_planning=True,
+            auto_devices=options.auto_devices,
         )
         files.journal(state="planning")
         while True:

@@ -44,6 +44,8 @@ class JobOptions:
     """Worker starts (plan and compiles) before the job fails."""
     priority: int = 0
     """Higher is dispatched first; ties go to the oldest job."""
+    auto_devices: bool = False
+    """``[daemon] devices = "auto"``: ``devices`` is ``max_devices``, the most the job may use."""
     plan_overrides: Mapping[str, Any] = field(default_factory=dict)
     """``[plan]`` keys the sidecar sets (``dims`` adds to the daemon's own)."""
 
@@ -58,6 +60,16 @@ class JobOptions:
 
     @classmethod
     def from_config(cls, config: DaemonConfig, *, optimal_perf: bool = False) -> JobOptions:
+        if config.devices == "auto":
+            assert config.max_devices is not None  # DaemonConfig checks it
+            return cls(
+                config.max_devices,
+                config.target,
+                config.backend,
+                optimal_perf,
+                config.max_attempts,
+                auto_devices=True,
+            )
         return cls(config.devices, config.target, config.backend, optimal_perf, config.max_attempts)
 
 
@@ -117,6 +129,7 @@ def load_sidecar(
         optimal_perf=base.optimal_perf if table.optimal_perf is None else table.optimal_perf,
         max_attempts=base.max_attempts if table.max_attempts is None else table.max_attempts,
         priority=base.priority if table.priority is None else table.priority,
+        auto_devices=base.auto_devices and table.devices is None,
         plan_overrides={k: getattr(table, k) for k in _PLAN_KEYS if getattr(table, k) is not None},
     )
     # Only the sidecar's own values: the daemon's defaults were checked with sharderd.toml, and a

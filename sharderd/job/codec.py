@@ -20,7 +20,7 @@ import numpy as np
 from sharderd.errors import SharderdError
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.observations import StageView
-from sharderd.plan.types import CutTensor, Plan, StageCost
+from sharderd.plan.types import BottleneckHolder, CutTensor, Plan, StageCost
 
 if TYPE_CHECKING:  # the engine (onnx) loads only where a plan is written or read back
     from sharderd.engine import ShardFiles
@@ -119,6 +119,7 @@ def encode_planned(planned: Planned) -> dict[str, Any]:
         cut_tensors=[asdict(c) for c in planned.plan.cut_tensors],
         orders_tried=dict(planned.plan.orders_tried),
         timings_s=dict(planned.plan.timings_s),
+        held_by=None if planned.plan.held_by is None else asdict(planned.plan.held_by),
     )
     files = planned.files
     written = None
@@ -143,6 +144,9 @@ def decode_planned(data: Mapping[str, Any]) -> Planned:
             "stages": tuple(StageCost(**s) for s in p["stages"]),
             "cut_tensors": tuple(CutTensor(**c) for c in p["cut_tensors"]),
             "memory_scale": tuple(p["memory_scale"]),
+            "held_by": None
+            if p.get("held_by") is None
+            else BottleneckHolder(**{**p["held_by"], "tensors": tuple(p["held_by"]["tensors"])}),
         }
     )
     f = data.get("files")

@@ -155,6 +155,7 @@ class Prover:
             measured_times=dict(self.state.measured_times or ()) or None,
             content=None if content.identity else content,
             matmul_serialization=attempt.serialize,
+            max_devices=self.spec.max_devices,
         )
 
     async def _begin(self, tg: TaskGroup, attempt: Attempt, send: Outcomes) -> None:

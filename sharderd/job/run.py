@@ -54,6 +54,11 @@ class JobSpec:
     priority: int = 0
     isolate_planning: bool = False
     """Plan in a child process (the daemon): a huge model never blocks the event loop."""
+    max_devices: int | None = None
+    """After ``auto_devices`` chose ``devices``: the most it could have used (for the report)."""
+    auto_devices: bool = False
+    """``devices = "auto"``: ``devices`` is the most the job may use; it runs on the fewest whose
+    predicted throughput is within ``plan.fewest.THROUGHPUT_BAND`` of a plan on that many."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,11 +157,18 @@ async def shard_job(
             {"model": str(spec.model), "devices": spec.devices, "target": target.name},
         )
         summary = await session.summary()
+        if spec.auto_devices:
+            spec = await _choose_devices(session, spec, emit)
         serialized = summary.serialized
         if serialized:
             summary = replace(summary, facts=as_given(dict(summary.facts), spec.model))
         if backend == "none":
-            request = PlanRequest(spec.devices, config.plan.safety_margin, stem=spec.stem)
+            request = PlanRequest(
+                spec.devices,
+                config.plan.safety_margin,
+                stem=spec.stem,
+                max_devices=spec.max_devices,
+            )
             planned = await session.plan(request)
             if planned.plan.method == "overfull":
                 raise NotProvenError(
@@ -167,7 +179,7 @@ async def shard_job(
                     "the compiler decide",
                 )
             final = await session.plan(
-                replace(request, write_dir=str(spec.out_dir), link_external=False)
+                replace(request, write_dir=str(spec.out_dir), link_external=False, fewest=True)
             )
             emit(
                 "plan.finished",
@@ -244,7 +256,13 @@ async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult
     chosen = proven.chosen
     assert chosen.request is not None, "a probe is never the chosen attempt"
     final = await session.plan(
-        replace(chosen.request, write_dir=str(spec.out_dir), stem=spec.stem, link_external=False)
+        replace(
+            chosen.request,
+            write_dir=str(spec.out_dir),
+            stem=spec.stem,
+            link_external=False,
+            fewest=True,
+        )
     )
     if final.plan.digest != chosen.key.digest:  # the planner is deterministic; this is a bug
         raise SharderdError("internal error: re-planning the compiled split gave a different split")
@@ -277,3 +295,22 @@ def _extra(proven: ProveResult) -> dict[str, Any]:
         if outcome.details and "verification" in outcome.details:
             extra["verification"] = outcome.details["verification"]
     return extra
+
+
+async def _choose_devices(session: PlanSession, spec: JobSpec, emit: Emit) -> JobSpec:
+    """``devices = "auto"``: plan on the most devices allowed and take the fewest that keep that
+    plan's predicted throughput (``Plan.fewest_devices``; the most when none is known)."""
+    widest = await session.plan(
+        PlanRequest(spec.devices, spec.config.plan.safety_margin, fewest=True)
+    )
+    chosen = widest.plan.fewest_devices or spec.devices
+    emit(
+        "plan.devices_chosen",
+        {
+            "devices": chosen,
+            "max_devices": spec.devices,
+            "bottleneck_s": widest.plan.bottleneck_s,
+            "fewest_bottleneck_s": widest.plan.fewest_bottleneck_s,
+        },
+    )
+    return replace(spec, devices=chosen, max_devices=spec.devices, auto_devices=False)

@@ -14,7 +14,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -72,6 +72,12 @@ class PlanRequest:
     matmul_serialization: tuple[tuple[str, int], ...] = ()
     """MatMuls written with PopART's serialization, (node, factor) (``plan.matmul_serial``);
     only what is written changes, never the split."""
+    max_devices: int | None = None
+    """Set when the job asked for ``devices = "auto"``: stamped on the plan (``Plan.max_devices``),
+    ``devices`` being the count chosen."""
+    fewest: bool = False
+    """Also find the fewest devices that keep the plan's throughput (``Plan.fewest_devices``):
+    more plans, so asked for only by the plans that reach the report or choose ``auto``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +164,10 @@ class PlanService:
             orders=request.orders,
             measured_times=request.measured_times,
             content=request.content,
+            fewest=request.fewest,
         )
+        if request.max_devices is not None:
+            plan = replace(plan, max_devices=request.max_devices)
         if request.write_dir is None:
             return Planned(plan)
         out = Path(request.write_dir)

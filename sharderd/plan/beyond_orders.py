@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sharderd.plan.claims import LEXICOGRAPHIC
 from sharderd.plan.contract import Groups, contract
 from sharderd.plan.group_ideals import solve_groups
 from sharderd.plan.ideals import IdealSplit
@@ -95,10 +96,11 @@ def improve(
 
 def _contracted_claim(ideals: int, groups: Groups) -> str:
     if groups.merged == 0:
-        return f"optimal over every valid split (DP over all {ideals} ideals)"
+        return f"optimal over every valid split (DP over all {ideals} ideals){LEXICOGRAPHIC}"
     return (
         f"optimal over the splits that keep shape arithmetic and constant-only nodes with their "
-        f"neighbours ({len(groups.of_node)} nodes in {groups.count} groups; DP over {ideals} ideals)"
+        f"neighbours ({len(groups.of_node)} nodes in {groups.count} groups; DP over {ideals} "
+        f"ideals){LEXICOGRAPHIC}"
     )
 
 
@@ -108,8 +110,8 @@ def _near_claim(near: Neighbourhood, start: str, groups: Groups) -> str:
     return (
         f"optimal over the splits whose every cut lies within {_nodes(near.window)} of the "
         f"previous plan's cuts{kept} ({rounds} from the `{start}` order's plan; DP over "
-        f"{near.ideals} ideals); not proven over every split: the DP over the whole graph was "
-        "past its limits"
+        f"{near.ideals} ideals){LEXICOGRAPHIC}; not proven over every split: the DP over the "
+        "whole graph was past its limits"
     )
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.contract import Groups
 from sharderd.plan.ideals import IdealSplit
+from sharderd.plan.leximax import EMPTY, first_per_group, grid_of, push, quantise
 from sharderd.plan.op_costs import node_code_bytes
 from sharderd.plan.problem import Problem
 from sharderd.plan.stage_memory import StageMemory
@@ -42,7 +43,6 @@ MAX_CONTAINMENT_WORDS = 60_000_000
 MAX_PAIRS = 6_000_000
 MAX_EXACT_WORK = 20_000_000
 """Exact stage-memory measurements × (nodes + edges): ~1 s; 4,000 measurements at 5,000."""
-_TIE = 1e-12
 _BLOCK = 2048
 
 
@@ -119,8 +119,10 @@ def solve_groups(
         return measured[p]
 
     full, k = m - 1, len(caps)
+    step = grid_of(float(per.time[full]))
     best = np.full(m, np.inf)
     best[0] = 0.0
+    vec = np.full((m, k), EMPTY, dtype=np.int64)
     parents: list[np.ndarray] = []
     try:
         for s in range(k):
@@ -139,31 +141,40 @@ def solve_groups(
             alive = np.isfinite(score) & (score <= limit) & (code <= caps[s])
             loose = per.weights[pj] - per.weights[pi] + per.cut[pi] + per.made[pj] - per.made[pi]
             sure = alive & (loose + code <= caps[s])
-            best_sure = np.full(m, np.inf)
-            np.minimum.at(best_sure, pj[sure], score[sure])
-            fits = sure.copy()
-            # Pairs that would win but whose loose bound is over the cap: measure, best first.
-            doubt = np.flatnonzero(alive & ~sure & (score < best_sure[pj]))
-            decided = np.zeros(m, dtype=bool)
-            for q in doubt[np.lexsort((score[doubt], pj[doubt]))].tolist():
-                j = int(pj[q])
-                if decided[j] or score[q] >= best_sure[j]:
+            # Per J, the leximax-least fitting row (leximax.py); ties: the cheapest cut, so a
+            # stage ends at a layer boundary, not inside a block. Rows are walked in that order:
+            # the first sure one fits; those before it whose loose bound is over the cap are
+            # measured, best first, until one fits.
+            # A row slower than some sure row of its J cannot be the least: weigh only the rest.
+            q_score = quantise(score, step)
+            least_sure = np.full(m, np.iinfo(np.int64).max)
+            np.minimum.at(least_sure, pj[sure], q_score[sure])
+            live = np.flatnonzero(alive & (q_score <= least_sure[pj]))
+            vectors = push(vec[pi[live]], quantise(stage_time[rows[live]], step))
+            order, heads = first_per_group(pj[live], vectors, per.cut[pi[live]])
+            sorted_sure = sure[live][order]
+            group = np.repeat(np.arange(len(heads)), np.diff(np.r_[heads, len(order)]))
+            positions = np.where(sorted_sure, np.arange(len(order)), len(order))
+            first_sure = np.minimum.reduceat(positions, heads) if len(heads) else positions[:0]
+            pick = np.where(first_sure < len(order), first_sure, -1)
+            doubt = np.flatnonzero(~sorted_sure & (np.arange(len(order)) < first_sure[group]))
+            decided = np.zeros(len(heads), dtype=bool)
+            for p in doubt.tolist():
+                g = int(group[p])
+                if decided[g]:
                     continue
-                if memory(int(rows[q])) <= caps[s]:
-                    fits[q] = True
-                    decided[j] = True  # the first fitting one in score order is this J's best
+                if memory(int(rows[live[order[p]]])) <= caps[s]:
+                    pick[g] = p
+                    decided[g] = True
+            pick = pick[pick >= 0]
+            chosen = live[order[pick]]
             new = np.full(m, np.inf)
-            np.minimum.at(new, pj[fits], score[fits])
-            # Among ties, the cheapest cut: a stage then ends at a layer boundary, not inside a block.
-            tied = fits & (score <= new[pj] * (1 + _TIE))
-            cut_of = np.where(tied, per.cut[pi], np.inf)
-            least_cut = np.full(m, np.inf)
-            np.minimum.at(least_cut, pj[tied], cut_of[tied])
-            chosen = np.flatnonzero(tied & (cut_of <= least_cut[pj]))
-            js, first = np.unique(pj[chosen], return_index=True)
+            new[pj[chosen]] = score[chosen]
+            new_vec = np.full((m, k), EMPTY, dtype=np.int64)
+            new_vec[pj[chosen]] = vectors[order[pick]]
             parent = np.full(m, -1, dtype=np.int64)
-            parent[js] = pi[chosen[first]]
-            best = new
+            parent[pj[chosen]] = pi[chosen]
+            best, vec = new, new_vec
             parents.append(parent)
     except _OverBudget:
         return None

@@ -3,7 +3,9 @@
 In a valid split every edge goes to the same or a later stage, so stages 0..s-1 together form an
 ideal (a node set closed under predecessors) and stage s is the difference ``J \\ I`` of two
 nested ideals (Tarnawski et al., NeurIPS 2020). The DP keeps, per ideal ``J`` and stage count
-``s``, the least bottleneck of a split of ``J`` into ``s`` stages that fit their caps.
+``s``, the leximax-least split of ``J`` into ``s`` stages that fit their caps (``leximax.py``: the
+least bottleneck, then the least next slowest stage, and so on), so the split it returns is
+optimal in that order over every valid split, not only in its slowest stage.
 
 The cost model is the planner's own, evaluated on the split's canonical order (stages one after
 the other, each in the reference order): stage time ``P(J) - P(I) + (cut(I) + cut(J)) / bw`` where
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sharderd.graph.analyze import Analysis
+from sharderd.plan.leximax import EMPTY, grid_of, lexmin, push, quantise
 from sharderd.plan.op_costs import node_code_bytes
 from sharderd.target import Target
 
@@ -157,29 +160,36 @@ def solve_ideals(
 
     full = m - 1  # ideals are enumerated by size: the whole graph is last
     k = len(caps)
+    step = grid_of(float(p_ideal[full]))
     best = np.full(m, np.inf)
     best[0] = 0.0
+    vec = np.full((m, k), EMPTY, dtype=np.int64)  # leximax of the stages placed (leximax.py)
     parents: list[np.ndarray] = []
     for s in range(k):
         new = np.full(m, np.inf)
+        new_vec = np.full((m, k), EMPTY, dtype=np.int64)
         parent = np.full(m, -1, dtype=np.int64)
         targets = [full] if s == k - 1 else range(1, m)
         for j in targets:
             sub = subs[j]
             if not len(sub):
                 continue
-            score = np.maximum(best[sub], u[j] + v[sub])
+            stage = u[j] + v[sub]
+            score = np.maximum(best[sub], stage)
             ok = np.isfinite(score) & (mems[j] <= caps[s])
             if require_costed:
                 ok &= ((masks[j] & ~masks[sub]) & costed_mask) != 0
             if not ok.any():
                 continue
             cand = np.flatnonzero(ok)
-            # Ties: the cheapest cut, so a stage ends at a layer boundary rather than inside a block.
-            pick = cand[np.lexsort((cut[sub[cand]], score[cand]))[0]]
-            new[j] = score[pick]
-            parent[j] = sub[pick]
-        best = new
+            vectors = push(vec[sub[cand]], quantise(stage[cand], step))
+            # The least leximax (the slowest stage, then the next ...); ties: the cheapest cut,
+            # so a stage ends at a layer boundary rather than inside a block.
+            pick = lexmin(vectors, cut[sub[cand]])
+            new[j] = score[cand[pick]]
+            new_vec[j] = vectors[pick]
+            parent[j] = sub[cand[pick]]
+        best, vec = new, new_vec
         parents.append(parent)
     if not np.isfinite(best[full]):
         return IdealSplit(None, float("inf"), m)

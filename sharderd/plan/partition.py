@@ -23,7 +23,17 @@ import numpy as np
 
 from sharderd.plan.ordered_costs import OrderedCosts
 
-__all__ = ["Partition", "memory_window", "solve", "stage_ends"]
+__all__ = [
+    "IntervalProblem",
+    "Partition",
+    "interval_problem",
+    "memory_window",
+    "range_min",
+    "reach",
+    "solve",
+    "sparse_min",
+    "stage_ends",
+]
 
 _REL_TOL = 1e-10
 
@@ -34,6 +44,9 @@ class Partition:
     """Stage s covers positions [bounds[s], bounds[s+1]); bounds[0] = 0, bounds[-1] = n."""
     bottleneck_s: float
     probes: int
+    balanced: bool = False
+    """The stages after the slowest are leximax-least over the order's splits (``balance_order``);
+    False: they are what the bisection's greedy reconstruction left."""
 
 
 def memory_window(oc: OrderedCosts, cap: float) -> np.ndarray:
@@ -70,7 +83,7 @@ def memory_window(oc: OrderedCosts, cap: float) -> np.ndarray:
     return lo
 
 
-def _sparse_min(values: np.ndarray) -> np.ndarray:
+def sparse_min(values: np.ndarray) -> np.ndarray:
     levels = max(1, int(np.floor(np.log2(len(values)))) + 1)
     table = np.full((levels, len(values)), np.inf)
     table[0] = values
@@ -82,7 +95,7 @@ def _sparse_min(values: np.ndarray) -> np.ndarray:
     return table
 
 
-def _range_min(table: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def range_min(table: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """min over [a, b] inclusive for each query; +inf where a > b."""
     empty = a > b
     length = np.where(empty, 1, b - a + 1)
@@ -95,7 +108,7 @@ def _range_min(table: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, slots=True)
-class _Problem:
+class IntervalProblem:
     u: np.ndarray
     v: np.ndarray
     lo: tuple[np.ndarray, ...]
@@ -106,23 +119,26 @@ class _Problem:
     """Bytes crossing each cut."""
 
 
-def _reach(problem: _Problem, bound: float) -> list[np.ndarray] | None:
+def reach(problem: IntervalProblem, bound: float) -> list[np.ndarray] | None:
+    """layers[s][j]: positions [0, j) split into s stages, each within ``bound`` and its window."""
     n1 = len(problem.u)
-    reach = np.zeros(n1, dtype=bool)
-    reach[0] = True
-    layers = [reach]
+    ok = np.zeros(n1, dtype=bool)
+    ok[0] = True
+    layers = [ok]
     ends = np.arange(n1)
     for lo in problem.lo:
-        masked = np.where(reach, problem.v, np.inf)
-        best = _range_min(_sparse_min(masked), lo, problem.hi)
-        reach = np.isfinite(best) & (best <= bound - problem.u) & (ends > 0)
-        if not reach.any():
+        masked = np.where(ok, problem.v, np.inf)
+        best = range_min(sparse_min(masked), lo, problem.hi)
+        ok = np.isfinite(best) & (best <= bound - problem.u) & (ends > 0)
+        if not ok.any():
             return None
-        layers.append(reach)
+        layers.append(ok)
     return layers if layers[-1][-1] else None
 
 
-def _reconstruct(problem: _Problem, layers: list[np.ndarray], bound: float) -> tuple[int, ...]:
+def _reconstruct(
+    problem: IntervalProblem, layers: list[np.ndarray], bound: float
+) -> tuple[int, ...]:
     bounds = [len(problem.u) - 1]
     j = bounds[0]
     for s in range(len(problem.lo), 0, -1):
@@ -154,28 +170,33 @@ def stage_ends(oc: OrderedCosts, k: int, *, require_costed: bool) -> np.ndarray:
     return hi
 
 
+def interval_problem(
+    oc: OrderedCosts, caps: np.ndarray, *, require_costed: bool
+) -> IntervalProblem:
+    """The stage times and windows of ``oc``'s order under ``caps``, as every probe reads them."""
+    windows: dict[float, np.ndarray] = {}
+    for cap in caps.tolist():
+        if cap not in windows:
+            windows[cap] = memory_window(oc, cap)
+    bw = oc.link_bytes_per_s
+    return IntervalProblem(
+        u=oc.prefix_time + oc.cut_bytes / bw,
+        v=oc.cut_bytes / bw - oc.prefix_time,
+        lo=tuple(windows[c] for c in caps.tolist()),
+        hi=stage_ends(oc, len(caps), require_costed=require_costed),
+        cut=oc.cut_bytes,
+    )
+
+
 def solve(oc: OrderedCosts, caps: np.ndarray, *, require_costed: bool) -> Partition | None:
     """The min-max partition into ``len(caps)`` stages, stage s within ``caps[s]`` bytes.
 
     Returns None when no partition fits the caps (the caller explains why).
     """
     k = len(caps)
-    windows: dict[float, np.ndarray] = {}
-    for cap in caps.tolist():
-        if cap not in windows:
-            windows[cap] = memory_window(oc, cap)
-    bw = oc.link_bytes_per_s
-    u = oc.prefix_time + oc.cut_bytes / bw
-    v = oc.cut_bytes / bw - oc.prefix_time
-    problem = _Problem(
-        u=u,
-        v=v,
-        lo=tuple(windows[c] for c in caps.tolist()),
-        hi=stage_ends(oc, k, require_costed=require_costed),
-        cut=oc.cut_bytes,
-    )
+    problem = interval_problem(oc, caps, require_costed=require_costed)
     probes = 1
-    layers = _reach(problem, np.inf)
+    layers = reach(problem, np.inf)
     if layers is None:
         return None
     hi_bound = _bottleneck(oc, _reconstruct(problem, layers, np.inf))
@@ -185,7 +206,7 @@ def solve(oc: OrderedCosts, caps: np.ndarray, *, require_costed: bool) -> Partit
     while hi_bound - lo_bound > _REL_TOL * max(hi_bound, 1e-300):
         mid = (lo_bound + hi_bound) / 2
         probes += 1
-        layers = _reach(problem, mid)
+        layers = reach(problem, mid)
         if layers is None:
             lo_bound = mid
         else:

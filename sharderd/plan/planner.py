@@ -12,10 +12,13 @@ import numpy as np
 
 from sharderd.errors import ConfigError, NoSplitError, NotProvenError
 from sharderd.graph.analyze import Analysis
+from sharderd.plan.balance_order import balance_order
 from sharderd.plan.beyond_orders import DP_GAIN, improve
 from sharderd.plan.bounds import lower_bound_all_splits
 from sharderd.plan.build import build_plan, costed_split
+from sharderd.plan.claims import LEXICOGRAPHIC, order_balance_claim
 from sharderd.plan.content import ContentCorrection, corrected_analysis
+from sharderd.plan.held import held_by
 from sharderd.plan.ideals import solve_ideals
 from sharderd.plan.infeasible import infeasible_exact, infeasible_proof, weights_proof
 from sharderd.plan.op_costs import node_overhead_s
@@ -65,7 +68,7 @@ def plan_stages(
         proof = weights_proof(analysis, target, devices)
         if proof is not None:
             raise proof
-    return _search(
+    plan = _search(
         analysis,
         target,
         devices,
@@ -75,6 +78,8 @@ def plan_stages(
         measured_s=measured_s,
         content=content,
     )
+    compute_s = calibrated_compute_s(analysis, target, measured_s)
+    return replace(plan, held_by=held_by(analysis, target, compute_s, plan))
 
 
 def _search(
@@ -173,7 +178,7 @@ def _search(
             plan,
             timings_s=timings,
             proven_optimal=True,
-            claim=f"optimal over every valid split (DP over all {exact.ideals} ideals)",
+            claim=f"optimal over every valid split (DP over all {exact.ideals} ideals){LEXICOGRAPHIC}",
         )
 
     tried: dict[str, float | None] = {}
@@ -271,6 +276,11 @@ def _search(
             claim=f"no split found within the estimate and none proven impossible; {searched}",
         )
     partition, oc, name = best
+    t1 = time.perf_counter()
+    balanced = balance_order(oc, caps, partition, require_costed=require_costed)
+    timings["balance"] = time.perf_counter() - t1
+    if balanced is not None and balanced.bottleneck_s <= partition.bottleneck_s * (1 + 1e-9):
+        partition = balanced
     plan = plan_of(oc, name, partition)
     timings["total"] = time.perf_counter() - t0
     meets = _meets(partition.bottleneck_s, bound)
@@ -285,7 +295,8 @@ def _search(
             "meets the lower bound: no valid split is faster"
             if meets
             else f"exact on each candidate order ({', '.join(tried)}); {searched}"
-        ),
+        )
+        + order_balance_claim(name, partition.balanced),
     )
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["CutTensor", "Plan", "StageCost"]
+__all__ = ["BottleneckHolder", "CutTensor", "Plan", "StageCost"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +65,39 @@ class CutTensor:
 
 
 @dataclass(frozen=True, slots=True)
+class BottleneckHolder:
+    kind: str
+    """``host_output`` (sending graph outputs to the host), ``op`` (one node's compute alone) or
+    ``host_input`` (streaming a graph input from the host, with its cheapest reader)."""
+    node: str
+    """The node that pays it (for an input: its cheapest reader in the slowest stage)."""
+    op_type: str
+    tensors: tuple[str, ...]
+    """The graph outputs sent (``host_output``) or the input streamed (``host_input``)."""
+    bytes: int
+    """Bytes of ``tensors`` (0 for ``op``)."""
+    time_s: float
+    """What no split can move: ``c(v)``, or the input's transfer plus its cheapest reader."""
+    transfer_s: float
+    """Of ``time_s``, the host transfer (0 for ``op``)."""
+    stage: int
+    share: float
+    """``time_s`` over the slowest stage's time."""
+
+    def describe(self) -> str:
+        us = f"{self.time_s * 1e6:,.1f} µs"
+        names = f"{', '.join(self.tensors)} ({self.bytes:,} bytes)"
+        what = {
+            "host_output": f"the host transfer of output {names} from {self.node}",
+            "host_input": f"the host transfer of input {names} to {self.node}",
+        }.get(self.kind, f"op {self.node} ({self.op_type}) alone")
+        return (
+            f"{what}: {us}, {self.share:.0%} of stage {self.stage}; no split can move it, so no "
+            "split or device count makes the slowest stage faster than that"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     devices: int
     order_name: str
@@ -95,6 +128,16 @@ class Plan:
     """True when no valid split has a smaller bottleneck (exhaustive DP, or the plan meets the bound)."""
     claim: str = ""
     """What is known of this split's optimality, in words for the report."""
+    held_by: BottleneckHolder | None = None
+    """The cost no split can move that dominates the slowest stage, if one does (``plan.held``)."""
+    fewest_devices: int | None = None
+    """The fewest devices whose plan is predicted within ``plan.fewest.THROUGHPUT_BAND`` of this
+    plan's throughput (None: not searched, e.g. under corrections learned from compiles)."""
+    fewest_bottleneck_s: float | None = None
+    """That plan's bottleneck."""
+    max_devices: int | None = None
+    """Set when planned with ``--devices auto``: the most devices it could use (``devices`` is
+    the fewest that keep the throughput of a plan on this many)."""
 
     @property
     def ratio_to_bound(self) -> float:

@@ -14,8 +14,9 @@ import onnx
 
 from sharderd import __version__
 from sharderd.graph.analyze import Analysis
+from sharderd.plan.fewest import THROUGHPUT_BAND
 from sharderd.plan.matmul_serial import SERIAL_MODE
-from sharderd.plan.types import Plan
+from sharderd.plan.types import BottleneckHolder, Plan
 from sharderd.shard.annotate import RoutedInput
 from sharderd.shard.serialize import Serialized
 from sharderd.target import Target
@@ -113,6 +114,13 @@ def target_facts(target: Target) -> dict[str, Any]:
     }
 
 
+def held_dict(holder: BottleneckHolder | None) -> dict[str, Any] | None:
+    """``plan.bottleneck_held_by``: the cost no split can move that dominates the slowest stage."""
+    if holder is None:
+        return None
+    return {**asdict(holder), "tensors": list(holder.tensors), "description": holder.describe()}
+
+
 def plan_section(
     plan: Plan,
     batch_size: int,
@@ -124,6 +132,8 @@ def plan_section(
     added to its stage as ``available_memory_proportion``; ``matmul_serialization``: the MatMuls
     written with PopART's serialization, (node, factor)."""
     stages = [asdict(s) for s in plan.stages]
+    for stage in stages:  # the slowest is 1.0; idle time of a device is 1 - its utilisation
+        stage["utilisation"] = stage["time_s"] / plan.bottleneck_s if plan.bottleneck_s > 0 else 1.0
     if stage_amps is not None:
         for stage, amp in zip(stages, stage_amps, strict=True):
             stage["available_memory_proportion"] = amp
@@ -147,6 +157,11 @@ def plan_section(
         "safety_margin": plan.safety_margin,
         "memory_scale": list(plan.memory_scale),
         "slowest_stage": plan.slowest_stage,
+        "bottleneck_held_by": held_dict(plan.held_by),
+        "fewest_devices": plan.fewest_devices,
+        "fewest_devices_bottleneck_s": plan.fewest_bottleneck_s,
+        "fewest_devices_band": THROUGHPUT_BAND,
+        "max_devices": plan.max_devices,
         "stages": stages,
         "cuts": [
             {"cut": c, "bytes": sum(t["bytes"] for t in tensors), "tensors": tensors}

@@ -38,8 +38,8 @@ def _stage_rows(plan: Mapping[str, Any]) -> list[str]:
     terms = all(has_terms(s) for s in plan["stages"])
     time_head = " | ".join(label for _, label in TIME_TERMS) if terms else "comm"
     rows = [
-        f"| stage | nodes | first → last | FLOPs | weights | activations | code | memory / budget | time | {time_head} |",
-        "|---|---|---|---|---|---|---|---|---|" + "---|" * (len(TIME_TERMS) if terms else 1),
+        f"| stage | nodes | first → last | FLOPs | weights | activations | code | memory / budget | time | utilisation | {time_head} |",
+        "|---|---|---|---|---|---|---|---|---|---|" + "---|" * (len(TIME_TERMS) if terms else 1),
     ]
     for s in plan["stages"]:
         mark = " **(slowest)**" if s["index"] == plan["slowest_stage"] else ""
@@ -53,11 +53,41 @@ def _stage_rows(plan: Mapping[str, Any]) -> list[str]:
             f"| {fmt_flops(s['flops'])} | {fmt_bytes(s['weight_bytes'])} | {fmt_bytes(s['activation_bytes'])} "
             f"| {fmt_bytes(s['code_bytes'])} | {fmt_bytes(s['memory_bytes'])} / {fmt_bytes(s['budget_bytes'])} "
             f"({100 * s['memory_bytes'] / s['capacity_bytes']:.0f}% of device) "
-            f"| {fmt_seconds(s['time_s'])} | {cells} |"
+            f"| {fmt_seconds(s['time_s'])} | {_utilisation(s, plan)} | {cells} |"
         )
     if terms:
         rows += ["", TERMS_NOTE]
     return rows
+
+
+def _utilisation(stage: Mapping[str, Any], plan: Mapping[str, Any]) -> str:
+    """Stage time over the bottleneck (older reports: computed from the times)."""
+    value = stage.get("utilisation")
+    if value is None:
+        value = stage["time_s"] / plan["bottleneck_s"] if plan["bottleneck_s"] else 1.0
+    return f"{value:.0%}"
+
+
+def _held_lines(plan: Mapping[str, Any]) -> list[str]:
+    """What holds the bottleneck, and the fewest devices for this throughput (older reports: none)."""
+    lines = []
+    held = plan.get("bottleneck_held_by")
+    if held:
+        lines.append(f"- the slowest stage is held by {held['description']}")
+    fewest, devices = plan.get("fewest_devices"), plan["devices"]
+    if plan.get("max_devices") is not None:
+        lines.append(
+            f"- `--devices auto`: {devices} device(s), the fewest of at most {plan['max_devices']} "
+            f"whose predicted throughput is within {plan['fewest_devices_band']:.0%} of a plan on "
+            f"{plan['max_devices']}"
+        )
+    elif fewest is not None and fewest < devices:
+        lines.append(
+            f"- {fewest} device(s) give the same predicted throughput (within "
+            f"{plan['fewest_devices_band']:.0%}: {fmt_seconds(plan['fewest_devices_bottleneck_s'])} "
+            f"per batch): the other {devices - fewest} add nothing to it under the cost model"
+        )
+    return lines
 
 
 def _amp_lines(plan: Mapping[str, Any]) -> list[str]:
@@ -185,6 +215,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                 for name, v in plan["orders_tried"].items()
             )
             + f"); safety margin {plan['safety_margin']:g}; plan digest `{plan['digest']}`",
+            *_held_lines(plan),
             *_amp_lines(plan),
             *_serial_lines(plan),
             *(

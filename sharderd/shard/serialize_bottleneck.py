@@ -116,7 +116,7 @@ def _bottleneck(
 ) -> float | None:
     """The first plan's predicted bottleneck (as a job's first plan), or None when none fits."""
     try:
-        plan = make_plan(analysis, target, devices, config)
+        plan = make_plan(analysis, target, devices, config, fewest=False)
     except SharderdError:
         return None
     return None if plan.method == "overfull" else plan.bottleneck_s

@@ -109,3 +109,36 @@ def test_missing_sidecar_is_an_error(tmp_path: Path) -> None:
     """A sidecar path that vanished is a ConfigError, not an OSError."""
     with pytest.raises(ConfigError, match="cannot open"):
         load_sidecar(tmp_path / "gone.toml", DEFAULTS)
+
+
+def test_devices_auto_runs_jobs_on_the_fewest_up_to_max_devices(tmp_path: Path) -> None:
+    """``devices = "auto"`` gives each job max_devices as its ceiling and asks for the fewest;
+    a sidecar's own device count is a count, not a ceiling."""
+    auto = DaemonConfig(devices="auto", max_devices=8, backend="none", max_attempts=5)
+    options = load_sidecar(None, auto)
+    assert (options.devices, options.auto_devices) == (8, True)
+    fixed = load_sidecar(sidecar(tmp_path, "devices = 4\n"), auto)
+    assert (fixed.devices, fixed.auto_devices) == (4, False)
+    assert load_sidecar(None, DEFAULTS).auto_devices is False
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[daemon]\ndevices = "auto"\n', 'max_devices must be set (>= 1) with devices = "auto"'),
+        ('[daemon]\ndevices = "auto"\nmax_devices = 0\n', "max_devices must be set (>= 1)"),
+        ('[daemon]\ndevices = "all"\n', "devices: expected an integer or 'auto', got 'all'"),
+        ("[daemon]\ndevices = 0\n", 'devices must be >= 1 or "auto"'),
+    ],
+)
+def test_devices_auto_needs_a_maximum(tmp_path: Path, text: str, message: str) -> None:
+    from sharderd.config import load_config
+
+    path = tmp_path / "sharderd.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert message in info.value.message
+    ok = tmp_path / "ok.toml"
+    ok.write_text('[daemon]\ndevices = "auto"\nmax_devices = 1\n', encoding="utf-8")
+    assert load_config(ok).daemon.max_devices == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import dag_cases
 import numpy as np
 import onnx
 import pytest
@@ -30,20 +31,20 @@ from sharderd.plan.problem import Problem
 from sharderd.plan.stage_memory import StageMemory
 
 
-def _problem(analysis: Analysis, target, caps) -> Problem:
+def _problem(analysis: Analysis, target, caps, measured=None) -> Problem:
     costed = (analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)
     return Problem(
         analysis,
         target,
-        calibrated_compute_s(analysis, target, None),
+        calibrated_compute_s(analysis, target, measured),
         next(iter(candidate_orders(analysis.flow).values())),
         np.asarray(caps, dtype=np.float64),
         int(costed.sum()) >= len(caps),
     )
 
 
-def _solve(analysis: Analysis, target, caps, groups: Groups, upper: float = np.inf):
-    return solve_groups(_problem(analysis, target, caps), groups, upper_bound=upper)
+def _solve(analysis: Analysis, target, caps, groups: Groups, upper: float = np.inf, measured=None):
+    return solve_groups(_problem(analysis, target, caps, measured), groups, upper_bound=upper)
 
 
 def _respects(assignment: list[int], groups: Groups) -> bool:
@@ -59,22 +60,36 @@ def _respects(assignment: list[int], groups: Groups) -> bool:
     k=st.integers(1, 4),
     cap_fraction=st.floats(0.0, 1.0),
     contracted=st.booleans(),
+    pinned=st.integers(-1, 11),
+    times=st.lists(st.integers(1, 20), min_size=12, max_size=12),
 )
 def test_dp_equals_the_brute_force_over_its_splits(
-    model: onnx.ModelProto, k: int, cap_fraction: float, contracted: bool
+    model: onnx.ModelProto,
+    k: int,
+    cap_fraction: float,
+    contracted: bool,
+    pinned: int,
+    times: list[int],
 ) -> None:
     """Caps from below "some split fits" to "the fastest fits", so the memory bounds and the exact
     measurements both decide. Without contraction: the optimum over every valid split; with it,
-    the optimum over the splits that keep each group on one stage."""
+    the optimum over the splits that keep each group on one stage. Optimal lexicographically
+    (the slowest stage, then the next slowest ...). With ``pinned`` >= 0 node times are measured
+    (1-20 µs), one of them a second: the slowest stage is the same in many splits, so the rest
+    decides."""
     analysis = analyze(loaded(model), PlanConfig())
     k = min(k, analysis.flow.num_nodes)
+    measured = None
+    if pinned >= 0:
+        measured = np.array([t * 1e-6 for t in times[: analysis.flow.num_nodes]])
+        measured[pinned % len(measured)] = 1.0
     groups = contract(analysis, enabled=contracted)
     assignments = valid_assignments(analysis, k)
     if assignments is None:
         return
     costed = ((analysis.costs.flops > 0) | (np.diff(analysis.flow.nw_ptr) > 0)).tolist()
     cases = [
-        (evaluate(analysis, TARGET, a, k), a)
+        (dag_cases.evaluate_stages(analysis, TARGET, a, k, measured), a)
         for a in assignments
         if _respects(a, groups)
         and (
@@ -83,28 +98,39 @@ def test_dp_equals_the_brute_force_over_its_splits(
         )
     ]
     if not cases:
-        found = _solve(analysis, TARGET, [TARGET.memory_bytes] * k, groups)
+        found = _solve(analysis, TARGET, [TARGET.memory_bytes] * k, groups, measured=measured)
         assert found is not None and found.assignment is None
         return
     need = sorted(max(mems) for (_, mems), _ in cases)
     memory = need[0] * 0.9 + cap_fraction * (need[-1] - need[0] * 0.9)
     target = replace(TARGET, memory_bytes=max(math.ceil(memory), 1))
-    fitting = [worst for (worst, mems), _ in cases if max(mems) <= target.memory_bytes]
-    found = _solve(analysis, target, [target.memory_bytes] * k, groups)
+    fitting = [times for (times, mems), _ in cases if max(mems) <= target.memory_bytes]
+    caps = [target.memory_bytes] * k
+    found = _solve(analysis, target, caps, groups, measured=measured)
     assert found is not None
     if not fitting:
         assert found.assignment is None
         return
-    optimum = min(fitting)
+    total = sum(fitting[0])
+    expected = min(fitting, key=lambda t: dag_cases.leximax_key(t, total))
+    optimum = max(expected)
     assert found.assignment is not None
     assert found.bottleneck_s == pytest.approx(optimum, rel=1e-9)
-    worst, mems = evaluate(analysis, target, found.assignment.tolist(), k)
-    assert worst == pytest.approx(optimum, rel=1e-9) and max(mems) <= target.memory_bytes
+    times, mems = dag_cases.evaluate_stages(
+        analysis, target, found.assignment.tolist(), k, measured
+    )
+    assert max(times) == pytest.approx(optimum, rel=1e-9) and max(mems) <= target.memory_bytes
+    assert dag_cases.leximax_key(times, total) == dag_cases.leximax_key(expected, total)
     assert _respects(found.assignment.tolist(), groups)
     # The order search's bound only prunes: at the optimum it finds it, below it nothing.
-    again = _solve(analysis, target, [target.memory_bytes] * k, groups, upper=optimum)
+    again = _solve(analysis, target, caps, groups, upper=optimum, measured=measured)
     assert again is not None and again.bottleneck_s == pytest.approx(optimum, rel=1e-9)
-    below = _solve(analysis, target, [target.memory_bytes] * k, groups, upper=optimum * 0.999)
+    assert again.assignment is not None
+    again_times, _ = dag_cases.evaluate_stages(
+        analysis, target, again.assignment.tolist(), k, measured
+    )
+    assert dag_cases.leximax_key(again_times, total) == dag_cases.leximax_key(expected, total)
+    below = _solve(analysis, target, caps, groups, upper=optimum * 0.999, measured=measured)
     assert below is not None and below.assignment is None
 
 

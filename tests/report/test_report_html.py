@@ -303,6 +303,27 @@ def test_model_strip_marks_each_cut_with_its_bytes(oom_run: Run) -> None:
     assert [c.one("text").text() for c in cuts] == [fmt_bytes(c["bytes"]) for c in plan["cuts"]]
 
 
+def test_utilisation_chart_has_a_bar_per_stage_at_its_time_over_the_slowest(oom_run: Run) -> None:
+    """report.json's per-stage utilisation is each stage's time over the bottleneck; the chart
+    draws one bar per stage at that height (the slowest at the 100% line) and the stage table
+    prints it."""
+    plan = oom_run.report["plan"]
+    stages = plan["stages"]
+    assert [s["utilisation"] for s in stages] == pytest.approx(
+        [s["time_s"] / plan["bottleneck_s"] for s in stages], rel=1e-12
+    )
+    assert stages[plan["slowest_stage"]]["utilisation"] == pytest.approx(1.0)
+    bars = oom_run.dom.one("svg", "utilisation-chart").find_all("rect", "bar-utilisation")
+    assert [float(b.attrs["data-utilisation"]) for b in bars] == [s["utilisation"] for s in stages]
+    heights = [float(b.attrs["height"]) for b in bars]
+    tallest = heights[plan["slowest_stage"]]
+    assert max(heights) == tallest
+    for h, s in zip(heights, stages, strict=True):
+        assert h == pytest.approx(tallest * s["utilisation"], abs=0.1)
+    table = oom_run.dom.one("table", "stages").text()
+    assert all(f"{s['utilisation']:.0%}" in table for s in stages)
+
+
 def test_attempts_timeline_shows_the_oom_and_its_correction(oom_run: Run) -> None:
     """The failed attempt is a red bar naming the device and bytes of the OOM and the correction it taught."""
     attempts = oom_run.report["attempts"]

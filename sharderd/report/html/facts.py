@@ -13,6 +13,36 @@ from sharderd.units import fmt_bytes, fmt_flops, fmt_seconds
 __all__ = ["facts_list"]
 
 
+def _held_facts(plan: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """What holds the bottleneck, and the fewest devices for this throughput (older reports: none)."""
+    facts = []
+    held = plan.get("bottleneck_held_by")
+    if held:
+        facts.append(("held-by", "held by", esc(held["description"])))
+    fewest, devices = plan.get("fewest_devices"), plan["devices"]
+    if plan.get("max_devices") is not None:
+        facts.append(
+            (
+                "fewest-devices",
+                "devices auto",
+                f"{esc(devices)} of at most {esc(plan['max_devices'])}: the fewest whose predicted "
+                f"throughput is within {plan['fewest_devices_band']:.0%} of a plan on "
+                f"{esc(plan['max_devices'])}",
+            )
+        )
+    elif fewest is not None and fewest < devices:
+        facts.append(
+            (
+                "fewest-devices",
+                "fewest devices",
+                f"{esc(fewest)} give the same predicted throughput (within "
+                f"{plan['fewest_devices_band']:.0%}); the other {esc(devices - fewest)} add nothing "
+                "to it under the cost model",
+            )
+        )
+    return facts
+
+
 def facts_list(report: Mapping[str, Any]) -> str:
     model, target, plan = report["model"], report["target"], report.get("plan")
     facts: list[tuple[str, str, str]] = [
@@ -57,6 +87,7 @@ def facts_list(report: Mapping[str, Any]) -> str:
                 if plan.get("claim")
                 else []
             ),
+            *_held_facts(plan),
             (
                 "throughput",
                 "predicted throughput",

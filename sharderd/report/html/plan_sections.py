@@ -11,6 +11,7 @@ from sharderd.report.html.markup import esc, html_table, legend_html
 from sharderd.report.markdown import TERMS_NOTE, TIME_TERMS, has_terms
 from sharderd.report.measured import measurement
 from sharderd.report.svg import MEMORY_PARTS, memory_bar, model_strip, stage_colour, time_chart
+from sharderd.report.utilisation import stage_utilisation, utilisation_chart
 from sharderd.units import fmt_bytes, fmt_flops, fmt_seconds
 
 __all__ = ["memory_section", "routed_section", "split_section", "times_section"]
@@ -98,20 +99,27 @@ def split_section(plan: Mapping[str, Any]) -> str:
             f"<code>{esc(s['last_node'])}</code>",
             f"#{esc(fmt_flops(s['flops']))}",
             f"#{esc(fmt_seconds(s['time_s']))}",
+            f"#{stage_utilisation(s, plan['bottleneck_s']):.0%}",
             *(f"#{esc(fmt_seconds(s[k]))}" for k in keys),
         ]
         for s in plan["stages"]
     ]
     heads = [label for _, label in TIME_TERMS] if terms else ["of which comm"]
     table = html_table(
-        ["stage", "nodes", "first node", "last node", "FLOPs", "time", *heads], rows, "stages"
+        ["stage", "nodes", "first node", "last node", "FLOPs", "time", "utilisation", *heads],
+        rows,
+        "stages",
     )
     if terms:
         table += f"<p>{esc(TERMS_NOTE.replace('`', ''))}</p>"
     return (
         f'<section id="model"><h2>The model, split</h2>{model_strip(plan["stages"], plan["cuts"], plan["slowest_stage"])}'
         f"<p>Order <code>{esc(plan['order'])}</code>; the slowest stage is outlined. Cut labels are the bytes "
-        f"sent between neighbouring stages per batch.</p>{table}"
+        f"sent between neighbouring stages per batch.</p>"
+        f'<figure class="utilisation">{utilisation_chart(plan["stages"], plan["bottleneck_s"])}'
+        "<figcaption>Utilisation: each stage's predicted time over the slowest stage's. The "
+        "pipeline runs at the pace of the slowest stage; a device below 100% waits for the rest "
+        f"of each batch.</figcaption></figure>{table}"
         + (
             f'<details><summary>Tensors crossing each cut</summary><ul class="cuts">{cuts}</ul></details>'
             if cuts
