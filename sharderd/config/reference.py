@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import inspect
 import itertools
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, fields
@@ -55,6 +56,10 @@ def _type_name(hint: Any) -> str:
     origin = typing.get_origin(hint)
     if origin is typing.Literal:
         return " \\| ".join(repr(a).replace("'", '"') for a in typing.get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return " \\| ".join(
+            "None" if a is type(None) else _type_name(a) for a in typing.get_args(hint)
+        )
     text = getattr(hint, "__name__", None) or str(hint)
     return text.replace("typing.", "").replace("collections.abc.", "").replace("|", "\\|")
 
