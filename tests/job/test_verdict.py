@@ -119,6 +119,9 @@ async def test_a_failed_compile_ends_as_its_failure() -> None:
     with pytest.raises(CompileFailedError) as info:
         await _end(Verdict(None, failed=("rejected", 0)), _record(0, rejected))
     assert info.value.message == "the poprt backend rejected the sharded model: bad attribute"
+    with pytest.raises(CompileFailedError) as empty:
+        await _end(Verdict(None, failed=("rejected", 0)), _record(0, AttemptOutcome("invalid")))
+    assert empty.value.message.endswith("rejected the sharded model: no message")
 
 
 @pytest.mark.anyio
@@ -139,3 +142,58 @@ async def test_not_proven_says_why_the_search_stopped() -> None:
     assert before.value.message == "the estimate: no split" and before.value.hint == settled.hint
     with pytest.raises(CompileFailedError, match=r"no plan compiled after 1 attempt\(s\)"):
         await _end(Verdict(None), _record(0, AttemptOutcome("crashed", "segfault")))
+
+
+@pytest.mark.anyio
+async def test_not_proven_after_compiles_names_the_last_overflow_and_the_measured_model() -> None:
+    """Two overflows (devices 0 then 1) and a settled measured model with a node over a device:
+    the message is the compiles' (never the estimate's alone), names the last overflow's device
+    and worst tile, and the node; the hint is the device count the measurements suggest."""
+    first = AttemptOutcome("oom", "Out of memory", oom=OomInfo("tile", 0, 3, TILE + 1, TILE))
+    settled = NotProvenError("the estimate's own words", min_devices=9)
+    settled.node, settled.node_need = "conv", 1.37
+    with pytest.raises(NotProvenError) as info:
+        await _end(Verdict(None, settled=settled), _record(0, first), _record(1, OOM))
+    message = info.value.message
+    assert message.startswith("no fitting split found on 4 × ipu-mk2 (not proven): 2 compile(s)")
+    assert ", last on device 1 (worst tile 780.00 KiB of 624.00 KiB)" in message
+    assert "no split fits the memory model fitted to these compiles (an estimate: not a proof)" in (
+        message
+    )
+    assert "under which node 'conv' alone needs 1.37× a device" in message
+    assert message.endswith(". The measurements suggest 6 devices.")
+    assert info.value.hint == "rerun with --devices 6" and info.value.min_devices == 6
+    assert info.value.device == 1 and "estimate's own words" not in message
+    probe = _record(2, OOM, probe="node 'conv'")
+    with pytest.raises(NotProvenError) as last_probe:
+        await _end(Verdict(None, settled=settled), _record(0, first), probe)
+    assert ", last node 'conv' compiled alone on one device (worst tile" in last_probe.value.message
+    settled.node = None
+    with pytest.raises(NotProvenError) as plain:
+        await _end(Verdict(None, settled=settled), _record(0, first))
+    assert plain.value.message.endswith(
+        "(an estimate: not a proof). The measurements suggest 6 devices."
+    )
+    before = NotProvenError("no split", hint="rerun with --devices 5", min_devices=5)
+    with pytest.raises(NotProvenError) as estimate:
+        await _end(Verdict(None, settled=before))
+    assert estimate.value.min_devices == 5
+
+
+@pytest.mark.anyio
+async def test_not_proven_with_no_device_count_says_what_to_change() -> None:
+    async def none() -> int | None:
+        return None
+
+    with pytest.raises(NotProvenError) as info:
+        await ending(
+            (_record(0, OOM),),
+            Verdict(None),
+            devices=4,
+            target=TARGET,
+            backend="poprt",
+            max_attempts=8,
+            fewest=none,
+        )
+    assert "suggest" not in info.value.message and info.value.min_devices is None
+    assert info.value.hint is not None and info.value.hint.startswith("no split fits the fitted")

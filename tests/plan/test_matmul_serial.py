@@ -71,6 +71,7 @@ def test_a_matmul_probe_that_overflows_is_compiled_again_serialized_before_anyth
     assert isinstance(wanted, tuple) and len(wanted) == 1
     serial = wanted[0]
     assert (serial.kind, serial.amp, serial.serialize) == ("probe", 0.1, (("mm", 16),))
+    assert state.proof is None and state.doubts == ()  # no proof yet, and nothing to doubt
     key = AttemptKey("probe:mm", 0.1, serialize=serial.serialize)
     state = learn(state, Started(2, serial, key, 0.0, serializable=("mm", 16)))
     assert next_attempts(state) == ()  # its outcome decides what the re-plan writes: wait

@@ -354,3 +354,25 @@ def test_the_probe_counts_among_the_two_compiles() -> None:
     state = learn(learn(state, Finished(1, "ok")), overflow(0, 0, 1.2))
     end = next_attempts(state)
     assert isinstance(end, Verdict) and end.capped and end.proof is None
+
+
+def test_an_optimal_perf_variant_is_compiled_only_when_its_calibrated_prediction_wins_the_band() -> (
+    None
+):
+    """The best compile measured 2.0 s per batch for a 1.0 s prediction (ratio 2): a variant
+    predicted at 0.5 s is calibrated to 1.0 s, and compiled only if 1.0 × PERF_BAND beats 2.0,
+    i.e. a prediction under 2.0 / (2 × 0.9) = 1.111 s; a plan of any other kind always is."""
+    cfg = replace(SETTINGS, optimal_perf=True, probe=False, speculative_margins=())
+    state = start(SearchState(cfg, 1.15), first(SearchState(cfg, 1.15)), "a", predicted_s=1.0)
+    state = learn(state, Finished(0, "ok", period_s=2.0, throughput=1.0))
+    variant = replace(first(state), kind="perf")
+    edge = 2.0 / (2.0 * 0.9)
+    assert worth_compiling(state, variant, AttemptKey("b", 0.6), edge * 0.999)
+    assert not worth_compiling(state, variant, AttemptKey("b", 0.6), edge * 1.001)
+    assert not worth_compiling(state, variant, AttemptKey("a", 0.6), 0.1)  # compiled already
+    plan = replace(variant, kind="plan")
+    assert worth_compiling(state, plan, AttemptKey("b", 0.6), 100.0)
+    unmeasured = learn(
+        start(SearchState(cfg, 1.15), first(SearchState(cfg, 1.15)), "a"), Finished(0, "ok")
+    )
+    assert not worth_compiling(unmeasured, variant, AttemptKey("b", 0.6), 0.1)
