@@ -15,7 +15,7 @@ what serializing saves: when the probe's node is a MatMul and its probe overflow
 AMP, the probe is compiled once more with ``SERIAL_MODE`` and the largest factor ``serial_factor``
 allows. An overflow there is the proof (grounds ``probe``, "even serialized ×k") only when the
 compiled model itself carried the two attributes (the backend reads them back from what it
-compiled: a converter that rebuilt or renamed the node would have dropped them); a fit makes every
+compiled: a converter that renamed the node or rewrote its op would have dropped them); a fit makes every
 later attempt write that node with those two attributes, and what earlier compiles measured
 without them is set aside (a different program). Gemm is left out: PopART lowers it to a MatMul by
 a pattern, and whether the attribute survives that is not documented.
