@@ -20,6 +20,7 @@ lower bound (perfect balance or the dearest node), the seed's split costed with 
     python bench/compiles.py                       # full matrix, prints Markdown
     python bench/compiles.py --quick               # default truth, 2 models
     python bench/compiles.py --write-benchmarks    # also (re)writes "## Compile attempts" in BENCHMARKS.md
+    python bench/compiles.py --seed-from OLD.json  # the seed's runs of an earlier run, reused
 """
 
 from __future__ import annotations
@@ -580,7 +581,10 @@ def run_matrix(
     truths: Mapping[str, Mapping[str, Any]],
     parallel: int | None,
     progress: Callable[[str], None],
+    seeds: Mapping[tuple[str, str, int], ToolRun] | None = None,
 ) -> tuple[list[Cell], dict[str, dict[str, Feasibility]]]:
+    """Every cell of ``models`` × ``truths``; ``seeds``: the seed's runs of an earlier run of this
+    script, reused for the cells it has (the seed's search does not change with sharderd's)."""
     WORK.mkdir(parents=True, exist_ok=True)
     config = WORK / "mini.toml"
     config.write_text(CONFIG)
@@ -602,7 +606,9 @@ def run_matrix(
                 cell_dir = WORK / "runs" / f"{spec.name}-{_slug(truth_name)}-{devices}"
                 _clean(cell_dir)
                 s = run_sharderd(path, devices, truth, cell_dir, config, parallel)
-                seed = run_seed(path, devices, truth, cell_dir, analysis, target)
+                seed = (seeds or {}).get((spec.name, truth_name, devices)) or run_seed(
+                    path, devices, truth, cell_dir, analysis, target
+                )
                 cells.append(
                     Cell(spec.name, truth_name, devices, _expected(devices, feas), s, seed)
                 )
@@ -902,6 +908,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--write-benchmarks", action="store_true", help=f"(re)write '{SECTION}' in BENCHMARKS.md"
     )
     parser.add_argument(
+        "--seed-from",
+        type=Path,
+        help="reuse the seed's runs from this compiles.json of an earlier run (same cells)",
+    )
+    parser.add_argument(
         "--from-json",
         action="store_true",
         help=f"render the last run's {WORK.name}/compiles.json again instead of running",
@@ -924,8 +935,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     truths = {"default": TRUTHS["default"]} if args.quick else TRUTHS
     if args.truths:
         truths = {name: TRUTHS[name] for name in args.truths}
+    seeds = None
+    if args.seed_from is not None:
+        saved = json.loads(args.seed_from.read_text())
+        seeds = {
+            (c["model"], c["truth"], c["devices"]): ToolRun(**c["seed"]) for c in saved["cells"]
+        }
     cells, feas = run_matrix(
-        models, truths, args.parallel, lambda s: print(s, file=sys.stderr, flush=True)
+        models, truths, args.parallel, lambda s: print(s, file=sys.stderr, flush=True), seeds
     )
     found = problems(cells)
     command = "python bench/compiles.py" + "".join(

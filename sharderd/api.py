@@ -1,7 +1,7 @@
 """The Python API: ``sharderd.plan``, ``sharderd.shard`` and their helpers (docs/python.md).
 
 Each function is the work of a command: ``plan`` runs what ``sharderd plan`` runs, ``shard`` what
-``sharderd shard`` runs (``job.local.run_local``, the same call), with arguments in place of flags.
+``sharderd shard`` runs (``job.run.run_local``, the same call), with arguments in place of flags.
 The heavy modules (onnx, numpy, the engine) load on the first call, not on ``import sharderd``.
 """
 
@@ -173,8 +173,7 @@ async def shard_async(
 ) -> ShardResult:
     """``shard`` for anyio or asyncio programs: the compiles run as subprocesses of this loop.
     Planning runs in this thread, as with the CLI: it blocks the loop while it plans."""
-    from sharderd.job.local import run_local
-    from sharderd.job.run import JobFailed, JobSpec
+    from sharderd.job.run import JobFailed, JobSpec, run_local
 
     cfg, target_name = _config(config, target, input_shapes, dims, batch_size, precision, serialize)
     given: dict[str, Any] = {

@@ -46,8 +46,9 @@ EXIT_NOT_PROVEN = 5
 
 GROUNDS = ("weights_total", "node_weights", "probe")
 """The only grounds of a "does not fit" (exit 3), each true of the real compiler: the distinct
-weights alone (no margin) exceed all devices' memory together; one node's weights alone exceed a
-device; one node compiled alone on one device at the lowest AMP ran out of memory (the probe)."""
+weights the file stores alone (no margin) exceed all devices' memory together; one node's weights
+(folded constants it reads included) alone exceed a device; one node compiled alone on one device
+at the lowest AMP ran out of memory (the probe; docs/planning.md says why each holds)."""
 
 
 class SharderdError(Exception):

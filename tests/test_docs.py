@@ -43,3 +43,42 @@ def test_readme_starts_with_the_two_commands_ci_runs() -> None:
     install_run, tests = (line for line in block.group(1).splitlines() if not line.startswith("#"))
     assert "sharderd example-model" in install_run and "sharderd shard" in install_run
     assert tests in (REPO / ".ci" / "run").read_text()
+
+
+def test_planning_md_states_the_exact_dps_limits_as_the_code_has_them() -> None:
+    """docs/planning.md's sentence on the bit-mask DP, its numbers computed from the constants: the
+    largest N whose every DAG is within the ideal and pair limits, and the tensors that keep the
+    worst of them (the antichain) within the work limit."""
+    from sharderd.plan.ideals import MAX_IDEALS, MAX_NODES, MAX_PAIRS, MAX_WORK
+
+    n = max(k for k in range(1, MAX_NODES + 1) if 2**k <= MAX_IDEALS and 3**k - 2**k <= MAX_PAIRS)
+    pairs = 3**n - 2**n
+    tensors = MAX_WORK // (pairs * n)
+    chains = 15
+    chain_pairs = ((chains + 1) * (chains + 2) // 2) ** 3 - (chains + 1) ** 3
+    expected = (
+        f"at most {MAX_NODES} nodes (`MAX_NODES`), {MAX_IDEALS:,} ideals (`MAX_IDEALS`), "
+        f"{MAX_PAIRS:,} nested pairs `I ⊂ J` (`MAX_PAIRS`) and {MAX_WORK:,} pair × node × tensor "
+        f"steps (`MAX_WORK`). Every DAG of up to {n} nodes is within the first three (at most "
+        f"2^{n} ideals and 3^{n} − 2^{n} = {pairs:,} pairs, the antichain's), and is solved exactly "
+        f"when it has at most {tensors} tensors (graph inputs read and outputs made): "
+        f"{n} independent three-input `Sum` nodes have {n * 4} and are not. Three independent "
+        f"chains of {chains} nodes ({3 * chains} nodes, {(chains + 1) ** 3:,} ideals) are not "
+        f"either: {chain_pairs:,} pairs."
+    )
+    text = " ".join((REPO / "docs" / "planning.md").read_text().split())
+    assert expected in text
+    assert (chains + 1) ** 3 <= MAX_IDEALS and chain_pairs > MAX_PAIRS and tensors < n * 4
+
+
+def test_planning_md_states_the_group_dps_limits_as_the_code_has_them() -> None:
+    from sharderd.plan import group_ideals as g
+
+    text = " ".join((REPO / "docs" / "planning.md").read_text().split())
+    budget = g.MAX_EXACT_WORK // (5_000 + 5_000)
+    assert (
+        f"Limits: {g.MAX_GROUP_IDEALS:,} ideals, {g.MAX_CONTAINMENT_WORDS:,} containment words, "
+        f"{g.MAX_PAIRS:,} pairs, exact memory measurements worth {g.MAX_EXACT_WORK:,} node + edge "
+        f"steps (each measurement costs nodes + edges: {budget:,} measurements on a graph of 5,000 "
+        "nodes and 5,000 edges, at least 50 on any graph)"
+    ) in text

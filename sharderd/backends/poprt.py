@@ -57,6 +57,11 @@ def run_attempt(request: AttemptRequest) -> AttemptOutcome:
         return AttemptOutcome("invalid", message=_join(f"PopRT's conversion failed: {exc}", notes))
     notes.append(f"note: converted as PopRT does ({changes})")
     graph = onnx.load(compile_path, load_external_data=False).graph
+    # What the compiled model itself carries, read back from it: a probe's overflow proves
+    # nothing for a serialization the conversion lost (plan.probe.why_no_proof).
+    from sharderd.shard.matmul_serial import node_serialization
+
+    details = {"matmul_serialization": node_serialization(graph)}
     outputs = [value.name for value in graph.output]
     n_stages = _stage_count(graph, request.num_devices)
 
@@ -78,7 +83,7 @@ def run_attempt(request: AttemptRequest) -> AttemptOutcome:
     except RuntimeError as exc:
         tiles = request.tiles_per_device or MK2_TILES
         outcome, oom, message = parse_compile_error(str(exc), tiles)
-        return AttemptOutcome(outcome, message=_join(message, notes), oom=oom)
+        return AttemptOutcome(outcome, message=_join(message, notes), oom=oom, details=details)
 
     message = f"compiled for {request.num_devices} × {options.ipu_version} ({summary})"
     benchmark = None
@@ -95,6 +100,7 @@ def run_attempt(request: AttemptRequest) -> AttemptOutcome:
         artifact=request.artifact,
         benchmark=benchmark,
         ipus_on_host=_ipus_on_host(runtime),
+        details=details,
     )
 
 

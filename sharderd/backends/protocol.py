@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sharderd.fsutil import atomic_write
-from sharderd.plan.oom import OomInfo, OomKind
+from sharderd.plan.observations import OomInfo, OomKind
 
 __all__ = [
     "OUTCOMES",

@@ -100,8 +100,7 @@ def _cmd_shard(args: argparse.Namespace) -> int:
     import anyio
 
     from sharderd.cli.progress import progress
-    from sharderd.job.local import run_local
-    from sharderd.job.run import JobFailed, JobSpec
+    from sharderd.job.run import JobFailed, JobSpec, run_local
     from sharderd.report.markdown import render_markdown
 
     config = config_from_args(args)

@@ -100,7 +100,7 @@ class SearchConfig:
     optimal_perf: bool = False
     """After the first success keep compiling and benchmarking the next-best plans."""
     amp_fallbacks: tuple[float, ...] = (0.3, 0.1)
-    """``available_memory_proportion`` values retried when every plan is out of memory; the lowest of them and the default is the probe's (one node compiled alone: its overflow there proves exit 3; a MatMul's only once it overflowed with PopART's matmul serialization too)."""
+    """``available_memory_proportion`` values retried when every plan is out of memory; the lowest of them and the default is the probe's (one node compiled alone: its overflow there proves exit 3, unless it is host-stream memory; a MatMul's only once it overflowed with PopART's matmul serialization too, in a compiled model that kept the attributes)."""
     speculative_margins: tuple[float, ...] = (1.3,)
     """Extra safety margins compiled in parallel with the plan when pool slots are free (after the probe, when there is one)."""
     amp_per_stage: bool = True

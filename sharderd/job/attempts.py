@@ -11,11 +11,20 @@ import anyio
 from sharderd.backends.protocol import AttemptOutcome
 from sharderd.job.session import PlanRequest
 from sharderd.plan.content import ContentCorrection
-from sharderd.plan.memory_model import HEADROOM, UNKNOWN_OVER, stage_factor
-from sharderd.plan.observations import AttemptKey, Observation, StageView, runs_size
+from sharderd.plan.memory_model import UNKNOWN_OVER, planned_factor
+from sharderd.plan.observations import AttemptKey, Observation, StageView, observe, runs_size
+from sharderd.plan.search_state import Finished
 from sharderd.plan.types import Plan
+from sharderd.target import Target
 
-__all__ = ["AttemptRecord", "Correction", "ProveResult", "correction"]
+__all__ = [
+    "AttemptRecord",
+    "Contradiction",
+    "Correction",
+    "ProveResult",
+    "correction",
+    "finished",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +57,7 @@ def correction(
         return Correction(
             None, None, None, before, after, f"OOM without a device: ×{UNKNOWN_OVER:g} everywhere"
         )
-    factor = stage_factor(o, (o.measured or UNKNOWN_OVER) * HEADROOM)
+    factor = planned_factor(o)
     after = tuple(max(b, factor) if k == o.stage.device else b for k, b in enumerate(before))
     shown = f"{o.measured:.3f}× capacity" if o.measured is not None else "over capacity (no number)"
     reason = (
@@ -109,6 +118,56 @@ class AttemptRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class Contradiction:
+    """A probe's overflow that would have proved "does not fit" (exit 3), and the compile of the
+    whole model that fitted all the same: the compile wins, the report and the log say both."""
+
+    probe: int
+    """The probe's attempt index."""
+    fitted: int
+    """The kept attempt's index."""
+    proof: str
+    """The proof as it would have read."""
+
+
+@dataclass(frozen=True, slots=True)
 class ProveResult:
     chosen: AttemptRecord
     attempts: tuple[AttemptRecord, ...]
+    contradiction: Contradiction | None = None
+
+
+def finished(
+    record: AttemptRecord, outcome: AttemptOutcome, target: Target, batch_size: int
+) -> Finished:
+    """What a compile's outcome tells the search: a fit, or the device an overflow names and
+    its worst tile (at the AMP that device's conv/matmuls had), the measured period, the node
+    times, and what the compiled model carried (``details``, as the backend read it there)."""
+    kind, oom = outcome.outcome, outcome.oom
+    observations: tuple[Observation, ...] = ()
+    if kind == "ok" or (kind == "oom" and oom is not None):
+        amp = record.key.amp if kind == "ok" or oom is None else record.key.amp_on(oom.device)
+        observations = observe(
+            record.index,
+            record.views,
+            kind=kind,
+            amp=amp,
+            oom=oom,
+            tile_bytes=target.bytes_per_tile,
+        )
+    details = outcome.details or {}
+    times = details.get("node_times_s") if kind == "ok" else None
+    compiled = details.get("matmul_serialization")
+    return Finished(
+        record.index,
+        kind,
+        observations,
+        record.measured_period_s(batch_size),
+        record.throughput,
+        tuple(sorted(times.items())) if times else None,
+        oom=None if oom is None else oom.kind,
+        cause=outcome.cause,
+        compiled_serialize=None
+        if compiled is None
+        else tuple(sorted((str(n), int(k)) for n, k in compiled.items())),
+    )

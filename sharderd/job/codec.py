@@ -107,7 +107,7 @@ class Probed:
     model: Path
     serial_factor: int = 0
     """The factor PopART could serialize it with, if it ran out of memory alone
-    (``plan.matmul_serial.serial_factor``; 0: none)."""
+    (``plan.probe.serial_factor``; 0: none)."""
 
 
 def encode_planned(planned: Planned) -> dict[str, Any]:

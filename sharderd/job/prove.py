@@ -1,14 +1,15 @@
 """Prove a plan by compiling it: the loop around the pure search (``plan.search``): plan what
-``next_attempts`` asks for, compile it when a pool slot is free, feed every answer to ``learn``."""
+``next_attempts`` asks for, start what it approved when a pool slot is free, feed every answer to
+``learn``. It decides nothing the verdict rests on; it plans, writes, compiles and reports."""
 
 from __future__ import annotations
 
 import math
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -18,16 +19,16 @@ from sharderd.backends.attempt import run_attempt
 from sharderd.backends.pool import AttemptPool
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
 from sharderd.backends.registry import attempt_options
-from sharderd.errors import CompileFailedError, NoSplitError, SharderdError, VerificationError
-from sharderd.job.attempts import AttemptRecord, ProveResult, correction
+from sharderd.config import Config, SearchOptions
+from sharderd.errors import NoSplitError, SharderdError
+from sharderd.job.attempts import AttemptRecord, ProveResult, correction, finished
 from sharderd.job.codec import ModelSummary
 from sharderd.job.session import PlanRequest, PlanSession, ProbeRequest
-from sharderd.job.verdict import ending, fewest_devices, probe_proof
-from sharderd.plan.matmul_serial import probe_proves
-from sharderd.plan.observations import AttemptKey, Observation, observe, stage_views
+from sharderd.job.verdict import ending, fewest_devices
+from sharderd.plan.observations import AttemptKey, stage_views
 from sharderd.plan.search import (
     Attempt,
-    Finished,
+    Planned,
     SearchState,
     Settings,
     Started,
@@ -35,12 +36,8 @@ from sharderd.plan.search import (
     Verdict,
     learn,
     next_attempts,
-    worth_compiling,
 )
 from sharderd.target import Target
-
-if TYPE_CHECKING:  # job/run.py runs the prover
-    from sharderd.job.run import JobSpec
 
 __all__ = ["AttemptRecord", "Emit", "ProveResult", "Prover"]
 
@@ -51,7 +48,16 @@ Outcomes = MemoryObjectSendStream[tuple[AttemptRecord, AttemptOutcome]]
 @dataclass(slots=True, kw_only=True)
 class Prover:
     session: PlanSession
-    spec: JobSpec
+    model: Path
+    """The user's model (the onnxruntime backend checks the stages against it)."""
+    stem: str
+    devices: int
+    config: Config
+    search: SearchOptions
+    job_id: str
+    priority: int
+    max_devices: int | None
+    """Set when the job asked for ``devices = "auto"``: every plan says so (``Plan.max_devices``)."""
     summary: ModelSummary
     backend: str
     target: Target
@@ -62,17 +68,19 @@ class Prover:
     argv_prefix: list[str] | None = None
     attempts: list[AttemptRecord] = field(default_factory=list)
     state: SearchState = field(init=False)
+    _prepared: dict[Attempt, AttemptRecord] = field(init=False, default_factory=dict)
+    """A probe or AMP retry written while planned, until the search approves its compile."""
 
     def __post_init__(self) -> None:
-        poprt, config, plan = self.backend == "poprt", self.spec.config, self.spec.config.plan
+        poprt, config, plan = self.backend == "poprt", self.config, self.config.plan
         settings = Settings(
-            devices=self.spec.devices,
+            devices=self.devices,
             margin=plan.safety_margin,
             default_amp=config.poprt.available_memory_proportion if poprt else 0.0,
             fallbacks=tuple(config.search.amp_fallbacks) if poprt else (),
             speculative_margins=tuple(config.search.speculative_margins),
-            max_attempts=self.spec.search.max_attempts,
-            optimal_perf=self.spec.search.optimal_perf,
+            max_attempts=self.search.max_attempts,
+            optimal_perf=self.search.optimal_perf,
             calibrate=plan.cost_model == "measured" and self.backend == "onnxruntime",
             probe=poprt,
             amp_per_stage=poprt and config.search.amp_per_stage,
@@ -87,18 +95,24 @@ class Prover:
         failure: SharderdError | None = None
         try:
             async with send, receive, anyio.create_task_group() as tg:
-                while not isinstance(wanted := next_attempts(self.state), Verdict):
+                while True:
+                    wanted = next_attempts(self.state)
+                    if isinstance(wanted, Verdict):
+                        try:  # an outcome already in may contradict it: the compile wins
+                            self._finish(*receive.receive_nowait())
+                            continue
+                        except anyio.WouldBlock:
+                            break
                     if wanted and self._slot_free():
                         try:
-                            await self._begin(tg, wanted[0], send)
+                            await self._advance(tg, wanted[0], send)
                         except SharderdError as err:  # planning failed (e.g. its worker died)
                             failure = err
                             self._cancel_running(f"planning failed: {err.message}")
                             break
                         continue
-                    record, outcome = await receive.receive()
-                    self._finish(record, outcome)
-                else:
+                    self._finish(*await receive.receive())
+                if isinstance(wanted, Verdict):
                     reason = _why_stopped(wanted)
                     self._cancel_running(reason)
         except anyio.get_cancelled_exc_class():
@@ -110,25 +124,29 @@ class Prover:
         state = self.state
 
         def measured(devices: int) -> PlanRequest:
-            scale = (*state.scales(), *(1.0,) * (devices - self.spec.devices))
+            scale = (*state.scales(), *(1.0,) * (devices - self.devices))
             as_measured = replace(state.plan_attempt("verdict"), scale=scale)
             return self._request(as_measured, devices=devices)
 
-        return await ending(
+        result = await ending(
             self.attempts,
             wanted,
-            devices=self.spec.devices,
+            devices=self.devices,
             target=self.target,
+            backend=self.backend,
             max_attempts=state.settings.max_attempts,
-            fewest=lambda: fewest_devices(self.session, measured, self.spec.devices),
+            fewest=lambda: fewest_devices(self.session, measured, self.devices),
         )
+        if result.contradiction is not None:
+            self.emit("verdict.contradiction", asdict(result.contradiction))
+        return result
 
     def _input_shapes(self) -> dict[str, list[int]]:
         return {k: list(v) for k, v in self.summary.input_shapes.items()}
 
     def _slot_free(self) -> bool:
         running = len(self.state.running())
-        if running >= max(1, self.spec.search.parallel):
+        if running >= max(1, self.search.parallel):
             return False
         return not running or self.pool.busy + self.pool.waiting < self.pool.max_parallel
 
@@ -146,31 +164,37 @@ class Prover:
         a compile to decide instead of refusing without a proof."""
         scale, content = attempt.scale, attempt.content
         return PlanRequest(
-            devices or self.spec.devices,
+            devices or self.devices,
             attempt.margin,
             None if all(x == 1.0 for x in scale) else scale,
             attempt.orders,
             write_dir=write_dir,
-            stem=self.spec.stem,
+            stem=self.stem,
             measured_times=dict(self.state.measured_times or ()) or None,
             content=None if content.identity else content,
             matmul_serialization=attempt.serialize,
-            max_devices=self.spec.max_devices,
+            max_devices=self.max_devices,
         )
 
-    async def _begin(self, tg: TaskGroup, attempt: Attempt, send: Outcomes) -> None:
-        """Plan ``attempt`` and start its compile, or tell the state the planner had nothing new."""
-        try:
-            record = await self._record(attempt)
-        except NoSplitError as err:
-            self.state = learn(self.state, Unplanned(attempt, err))
+    async def _advance(self, tg: TaskGroup, wanted: Attempt | Planned, send: Outcomes) -> None:
+        """Plan ``wanted`` and tell the search what the planner said, or start the compile it
+        approved."""
+        if isinstance(wanted, Attempt):
+            try:
+                planned = await self._plan(wanted)
+            except NoSplitError as err:
+                self.state = learn(self.state, Unplanned(wanted, err))
+                return
+            self.state = learn(self.state, planned or Unplanned(wanted))
             return
-        if record is None:
-            self.state = learn(self.state, Unplanned(attempt))
-            return
+        record = self._prepared.pop(wanted.attempt, None) or await self._write(wanted)
         self.attempts.append(record)
         started = Started(
-            record.index, attempt, record.key, record.predicted_s, serializable=record.serializable
+            record.index,
+            wanted.attempt,
+            record.key,
+            record.predicted_s,
+            serializable=record.serializable,
         )
         self.state = learn(self.state, started)
         amp: dict[str, Any] = {"amp": record.key.amp} if self.backend == "poprt" else {}
@@ -182,30 +206,41 @@ class Prover:
         )
         tg.start_soon(self._run_one, record, send.clone())
 
-    async def _record(self, attempt: Attempt) -> AttemptRecord | None:
+    async def _plan(self, attempt: Attempt) -> Planned | None:
+        """What the planner makes of ``attempt`` (None: the probe has no node to compile). A probe
+        or an AMP retry is written now (its record kept until the search approves it); a plan's
+        files only once approved."""
         index = len(self.attempts)
-        if attempt.kind == "probe":
-            return await self._probe(attempt, index)
-        if attempt.kind == "amp":
-            return await self._amp_record(attempt, index)
+        if attempt.kind in ("probe", "amp"):
+            if attempt.kind == "probe":
+                prepared = await self._probe(attempt, index)
+            else:
+                prepared = await self._amp_record(attempt, index)
+            if prepared is None:
+                return None
+            self._prepared = {attempt: prepared}
+            return Planned(attempt, prepared.key, prepared.predicted_s)
         dry = await self.session.plan(self._request(attempt))
         key = AttemptKey(dry.plan.digest, attempt.amp, serialize=attempt.serialize)
-        if not worth_compiling(self.state, attempt, key, dry.plan.bottleneck_s):
-            return None
+        return Planned(attempt, key, dry.plan.bottleneck_s)
+
+    async def _write(self, planned: Planned) -> AttemptRecord:
+        """The approved split's files, written for its compile."""
+        attempt, index = planned.attempt, len(self.attempts)
         directory = self._fresh(index)
         request = self._request(attempt, str(directory))
-        planned = await self.session.plan(request)
-        assert planned.files is not None
+        written = await self.session.plan(request)
+        assert written.files is not None
         record = AttemptRecord(
             index=index,
             label=attempt.label,
-            key=replace(key, digest=planned.plan.digest),
+            key=replace(planned.key, digest=written.plan.digest),
             margin=attempt.margin,
             scale=attempt.scale,
             orders=attempt.orders,
-            plan=planned.plan,
-            views=stage_views(planned.plan, self.target.memory_bytes),
-            model=planned.files.model,
+            plan=written.plan,
+            views=stage_views(written.plan, self.target.memory_bytes),
+            model=written.files.model,
             directory=directory,
             request=request,
             measured_times=request.measured_times,
@@ -216,7 +251,7 @@ class Prover:
                 "label": attempt.label,
                 "digest": record.key.digest,
                 "bottleneck_s": record.predicted_s,
-                "ratio_to_bound": planned.plan.ratio_to_bound,
+                "ratio_to_bound": written.plan.ratio_to_bound,
                 "memory_scale": list(attempt.scale),
             },
         )
@@ -246,7 +281,7 @@ class Prover:
 
     async def _probe(self, attempt: Attempt, index: int) -> AttemptRecord | None:
         """The node needing most of a device alone, to compile alone (``plan.probe``)."""
-        path = self._fresh(index) / f"{self.spec.stem}.probe.onnx"
+        path = self._fresh(index) / f"{self.stem}.probe.onnx"
         found = await self.session.probe(ProbeRequest(str(path), attempt.serialize))
         if found is None:
             return None
@@ -281,25 +316,25 @@ class Prover:
         probe, poprt = record.probe is not None, self.backend == "poprt"
         options = attempt_options(
             self.backend,
-            self.spec.config,
+            self.config,
             amp=record.key.amp if poprt else None,
             profile=self.state.settings.calibrate and self.state.measured_times is None,
             stages_dir=str(record.directory / "stages"),
-            reference_model=self.spec.model,
+            reference_model=self.model,
             precision=self.summary.precision,
             input_shapes=self._input_shapes(),
         )
         request = AttemptRequest(
             backend=self.backend,
             model=str(record.model),
-            artifact=str(record.directory / f"{self.spec.stem}.{'popef' if poprt else 'artifact'}"),
-            num_devices=1 if probe else self.spec.devices,
+            artifact=str(record.directory / f"{self.stem}.{'popef' if poprt else 'artifact'}"),
+            num_devices=1 if probe else self.devices,
             options=options,
             tiles_per_device=self.target.tiles,
             benchmark=not probe and (self.state.settings.optimal_perf or not poprt),
-            warmup=self.spec.config.poprt.benchmark_warmup,
-            runs=self.spec.config.poprt.benchmark_runs,
-            batch_size=self.spec.config.plan.batch_size,
+            warmup=self.config.poprt.benchmark_warmup,
+            runs=self.config.poprt.benchmark_runs,
+            batch_size=self.config.plan.batch_size,
             precision=self.summary.precision,
             input_shapes=None if probe else self._input_shapes(),
         )
@@ -310,10 +345,10 @@ class Prover:
                     request,
                     record.directory,
                     pool=self.pool,
-                    job_id=self.spec.job_id,
-                    priority=self.spec.priority,
-                    timeout=self.spec.search.attempt_timeout,
-                    kill_grace=self.spec.search.kill_grace,
+                    job_id=self.job_id,
+                    priority=self.priority,
+                    timeout=self.search.attempt_timeout,
+                    kill_grace=self.search.kill_grace,
                     env=self.env,
                     argv_prefix=self.argv_prefix,
                 )
@@ -321,50 +356,16 @@ class Prover:
 
     def _finish(self, record: AttemptRecord, outcome: AttemptOutcome) -> None:
         record.outcome = outcome
-        kind, oom = outcome.outcome, outcome.oom
-        observations: tuple[Observation, ...] = ()
-        views = record.views
-        if kind == "ok" or (kind == "oom" and oom is not None):
-            amp = record.key.amp if kind == "ok" or oom is None else record.key.amp_on(oom.device)
-            observations = observe(
-                record.index,
-                views,
-                kind=kind,
-                amp=amp,
-                oom=oom,
-                tile_bytes=self.target.bytes_per_tile,
-            )
-        fatal: SharderdError | None = None
-        if record.probe is not None:  # evidence about memory, never a result
-            started = self.state.attempts[record.index]
-            if kind == "oom" and probe_proves(started, self.state.settings.lowest_amp):
-                fatal = probe_proof(record, outcome, self.spec.devices, self.target)
-        elif kind == "invalid" and outcome.cause == "verification":
-            fatal = VerificationError(outcome.message)
-        elif kind == "invalid" and self.state.best() is None:
-            first = outcome.message.splitlines()[0] if outcome.message else "no message"
-            fatal = CompileFailedError(
-                f"the {self.backend} backend rejected the sharded model: {first}",
-                hint="see report.json attempts[].message for the full compiler text",
-            )
-        times = (outcome.details or {}).get("node_times_s") if kind == "ok" else None
-        event = Finished(
-            record.index,
-            kind,
-            observations,
-            record.measured_period_s(self.spec.config.plan.batch_size),
-            record.throughput,
-            tuple(sorted(times.items())) if times else None,
-            fatal,
-        )
+        event = finished(record, outcome, self.target, self.config.plan.batch_size)
         self.state = learn(self.state, event)
-        record.correction = correction(views, observations, self.state.content())
+        record.correction = correction(record.views, event.observations, self.state.content())
+        oom = outcome.oom
         first_line = (outcome.message or "").splitlines()[0][:300] if outcome.message else ""
         self.emit(
             "attempt.finished",
             {
                 "attempt": record.index,
-                "result": kind,
+                "result": outcome.outcome,
                 "duration_s": round(outcome.duration_s, 3),
                 "device": oom.device if oom else None,
                 "bytes_used": oom.bytes_used if oom else None,
@@ -378,4 +379,8 @@ def _why_stopped(verdict: Verdict) -> str:
         return f"attempt {verdict.kept} compiled and no running attempt can beat it"
     if verdict.error is not None:
         return f"the search ended: {verdict.error.message.splitlines()[0]}"
+    if verdict.proof is not None:
+        return f"the probe (attempt {verdict.proof}) proved that no split fits"
+    if verdict.failed is not None:
+        return f"attempt {verdict.failed[1]} failed ({verdict.failed[0]})"
     return "the search ended without a fitting split"

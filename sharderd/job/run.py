@@ -1,6 +1,7 @@
 """One sharding job, start to end: analyse, plan, prove on a backend, write the results.
 
-The CLI's ``shard`` and every daemon job run exactly this. Expected failures raise
+The CLI's ``shard`` and every daemon job run exactly this (``run_local``: in this process, with
+a pool of its own; the daemon runs ``shard_job`` under its own pool and folders). Expected failures raise
 ``SharderdError`` carrying the partial report (``JobFailed``), so the caller files it.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,11 +17,13 @@ from typing import Any
 
 import onnx
 
+from sharderd.backends.ipus import IpuPool
 from sharderd.backends.pool import AttemptPool
 from sharderd.backends.registry import AttemptHosts, resolve_backend
 from sharderd.config import Config, SearchOptions
 from sharderd.errors import NoSplitError, NotProvenError, SharderdError
 from sharderd.fsutil import atomic_write
+from sharderd.job.attempts import Contradiction
 from sharderd.job.codec import ModelSummary
 from sharderd.job.prove import Emit, Prover, ProveResult
 from sharderd.job.session import (
@@ -37,7 +41,7 @@ from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
 from sharderd.shard.serialize import Serialized
 
-__all__ = ["JobFailed", "JobResult", "JobSpec", "shard_job", "write_report"]
+__all__ = ["JobFailed", "JobResult", "JobSpec", "run_local", "shard_job", "write_report"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,23 @@ def write_report(report: Mapping[str, Any], out_dir: Path) -> None:
     atomic_write(out_dir / "report.html", render_html(report))
 
 
+async def run_local(spec: JobSpec, *, emit: Emit) -> JobResult:
+    """Run ``spec`` with its own attempt pool, in a temporary attempts folder removed after.
+
+    Raises:
+        JobFailed: the job's error and its partial report; when there is one (the model was
+            read), it is already written to ``spec.out_dir`` with its verdict and any attempts.
+    """
+    pool = AttemptPool(spec.search.parallel, ipus=IpuPool.of_setting(spec.config.poprt.ipus))
+    with tempfile.TemporaryDirectory(prefix="sharderd-attempts-") as work:
+        try:
+            return await shard_job(spec, pool=pool, workdir=Path(work), emit=emit)
+        except JobFailed as failed:
+            if failed.report is not None:
+                write_report(failed.report, spec.out_dir)
+            raise
+
+
 async def shard_job(
     spec: JobSpec,
     *,
@@ -133,6 +154,7 @@ async def shard_job(
     attempts: list[dict[str, Any]] = []
     stage_amps: tuple[float, ...] | None = None  # each stage's AMP as compiled (PopRT only)
     serialized_matmuls: tuple[tuple[str, int], ...] = ()  # PopART's matmul serialization
+    contradiction: Contradiction | None = None  # a probe's proof the kept compile refuted
 
     def partial(
         status: str, error: SharderdError, plan: Mapping[str, Any] | None = None
@@ -190,7 +212,14 @@ async def shard_job(
             workdir.mkdir(parents=True, exist_ok=True)
             prover = Prover(
                 session=session,
-                spec=spec,
+                model=spec.model,
+                stem=spec.stem,
+                devices=spec.devices,
+                config=config,
+                search=spec.search,
+                job_id=spec.job_id,
+                priority=spec.priority,
+                max_devices=spec.max_devices,
                 summary=summary,
                 backend=backend,
                 target=target,
@@ -206,6 +235,7 @@ async def shard_job(
                 attempts = [attempt_dict(a) for a in prover.attempts]
             final = await _write_chosen(session, spec, proven)
             status, extra = "compiled", _extra(proven)
+            contradiction = proven.contradiction
             if backend == "poprt":
                 chosen = proven.chosen
                 stage_amps = chosen.key.stage_amps or (chosen.key.amp,) * final.plan.devices
@@ -246,6 +276,13 @@ async def shard_job(
         outputs=outputs,
         timings_s={"load_and_analyze": summary.analyze_s},
         extra=extra,
+        contradiction=None
+        if contradiction is None
+        else {
+            "probe_attempt": contradiction.probe,
+            "fitted_attempt": contradiction.fitted,
+            "proof": contradiction.proof,
+        },
     )
     write_report(report, spec.out_dir)
     return JobResult(report, spec.out_dir, status)

@@ -70,7 +70,7 @@ class PlanRequest:
     """Per stage, the ``available_memory_proportion`` written on its conv/matmul nodes (None:
     the session's option); only what is written changes, never the split."""
     matmul_serialization: tuple[tuple[str, int], ...] = ()
-    """MatMuls written with PopART's serialization, (node, factor) (``plan.matmul_serial``);
+    """MatMuls written with PopART's serialization, (node, factor) (``plan.probe``);
     only what is written changes, never the split."""
     max_devices: int | None = None
     """Set when the job asked for ``devices = "auto"``: stamped on the plan (``Plan.max_devices``),

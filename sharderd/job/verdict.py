@@ -5,30 +5,31 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-from sharderd.backends.protocol import AttemptOutcome
 from sharderd.errors import (
     CompileFailedError,
     ConfigError,
     NoSplitError,
     NotProvenError,
     PlanInfeasibleError,
+    SharderdError,
+    VerificationError,
 )
-from sharderd.job.attempts import AttemptRecord, ProveResult
+from sharderd.job.attempts import AttemptRecord, Contradiction, ProveResult
 from sharderd.job.session import PlanRequest, PlanSession
-from sharderd.plan.matmul_serial import SERIAL_MODE
-from sharderd.plan.oom import OomInfo
-from sharderd.plan.search import Verdict
+from sharderd.plan.observations import OomInfo
+from sharderd.plan.probe import SERIAL_MODE
+from sharderd.plan.search import RULED_OUT, Verdict
+from sharderd.plan.search_state import Failure
 from sharderd.target import Target
 from sharderd.units import fmt_bytes
 
 __all__ = ["ending", "fewest_devices", "probe_proof"]
 
 
-def probe_proof(
-    record: AttemptRecord, outcome: AttemptOutcome, devices: int, target: Target
-) -> PlanInfeasibleError:
-    """Ground (c): one node compiled alone on one device at the lowest AMP ran out of memory."""
-    oom = outcome.oom
+def probe_proof(record: AttemptRecord, devices: int, target: Target) -> PlanInfeasibleError:
+    """Ground (c): one node compiled alone on one device at the lowest AMP ran out of memory (the
+    search decided it is the proof: ``plan.probe.why_no_proof``)."""
+    oom = record.outcome.oom if record.outcome is not None else None
     serial = "".join(
         f" even with its matmul serialized ×{k} (__serialize_matmul_mode {SERIAL_MODE}, the most "
         f"pieces sharderd asks for)"
@@ -53,20 +54,32 @@ async def ending(
     *,
     devices: int,
     target: Target,
+    backend: str,
     max_attempts: int,
     fewest: Callable[[], Awaitable[int | None]],
 ) -> ProveResult:
-    """The kept plan, else the error: a proof or fatal error as it is (exit 3 only on
-    ``errors.GROUNDS``); a settled estimate or any out-of-memory outcome is exit 5."""
+    """The kept plan (with any probe proof it contradicts), else the error the search decided on:
+    a proof (exit 3 only on ``errors.GROUNDS``), a failed compile, or exit 5 when the model as
+    measured is settled or any compile ran out of memory."""
     if verdict.kept is not None:
-        return ProveResult(attempts[verdict.kept], tuple(attempts))
+        contradiction = None
+        if verdict.contradiction is not None:
+            probe = attempts[verdict.contradiction]
+            proof = probe_proof(probe, devices, target)
+            contradiction = Contradiction(probe.index, verdict.kept, proof.message)
+        return ProveResult(attempts[verdict.kept], tuple(attempts), contradiction)
     if verdict.error is not None:
         raise verdict.error
+    if verdict.proof is not None:
+        raise probe_proof(attempts[verdict.proof], devices, target)
+    if verdict.failed is not None:
+        raise _failure(verdict.failed, attempts, backend)
     settled, note = verdict.settled, verdict.note
     ooms = [a for a in attempts if a.outcome is not None and a.outcome.outcome == "oom"]
     if settled is not None or ooms:
+        limit = RULED_OUT if verdict.capped else max_attempts
         raise await _not_proven(
-            ooms, settled, note, devices, target, len(attempts), max_attempts, fewest
+            ooms, settled, note, devices, target, len(attempts), limit, verdict.capped, fewest
         )
     outcomes = ", ".join(
         f"#{a.index} {a.outcome.outcome if a.outcome else 'cancelled'}" for a in attempts
@@ -81,6 +94,22 @@ async def ending(
     )
 
 
+def _failure(
+    failed: tuple[Failure, int], attempts: Sequence[AttemptRecord], backend: str
+) -> SharderdError:
+    """The error of a compile that ends the search (``search_state.Failure``)."""
+    why, index = failed
+    outcome = attempts[index].outcome
+    message = outcome.message if outcome is not None else ""
+    if why == "verification":
+        return VerificationError(message)
+    first = message.splitlines()[0] if message else "no message"
+    return CompileFailedError(
+        f"the {backend} backend rejected the sharded model: {first}",
+        hint="see report.json attempts[].message for the full compiler text",
+    )
+
+
 async def _not_proven(
     ooms: list[AttemptRecord],
     settled: NoSplitError | None,
@@ -89,6 +118,7 @@ async def _not_proven(
     target: Target,
     compiles: int,
     max_attempts: int,
+    capped: bool,
     fewest: Callable[[], Awaitable[int | None]],
 ) -> NotProvenError:
     if not ooms and settled is not None:
@@ -105,7 +135,13 @@ async def _not_proven(
     where = f", last on device {oom.device}{over}" if oom is not None else ""
     if worst.probe is not None:
         where = f", last {worst.probe} compiled alone on one device{over}"
-    if settled is None:
+    if capped:
+        why = (
+            "; the estimate with the safety margin ruled every split out before any compile, so "
+            f"at most {max_attempts} compiles are tried: the split closest to fitting, then one "
+            "its overflow left room for"
+        )
+    elif settled is None:
         why = f"; the compile budget ({max_attempts}) is spent"
     else:
         why = "; no split fits the memory model fitted to these compiles (an estimate: not a proof)"

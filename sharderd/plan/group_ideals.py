@@ -38,11 +38,16 @@ from sharderd.target import Target
 __all__ = ["MAX_GROUP_IDEALS", "enumerate_ideals", "solve_groups"]
 
 MAX_GROUP_IDEALS = 20_000
+"""The lattice of groups, enumerated in Python with its [ideals × groups] membership matrix and
+per-ideal sums: what keeps enumeration and sums near a second (BENCHMARKS.md, "The DP over the
+whole graph")."""
 MAX_CONTAINMENT_WORDS = 60_000_000
 """Σ over ideals of (window size × 64-bit words): the containment tests' work."""
 MAX_PAIRS = 6_000_000
+"""Nested pairs kept after the window and the bound: two int64 indices and a time each (~140 MB)."""
 MAX_EXACT_WORK = 20_000_000
-"""Exact stage-memory measurements × (nodes + edges): ~1 s; 4,000 measurements at 5,000."""
+"""Exact stage-memory measurements × (nodes + edges), each measurement O(N + E): ~1 s; so
+2,000 measurements on a graph of 5,000 nodes and 5,000 edges (at least 50 on any graph)."""
 _BLOCK = 2048
 
 

@@ -26,14 +26,20 @@ from sharderd.plan.leximax import EMPTY, grid_of, lexmin, push, quantise
 from sharderd.plan.op_costs import node_code_bytes
 from sharderd.target import Target
 
-__all__ = ["MAX_IDEALS", "MAX_NODES", "IdealSplit", "solve_ideals"]
+__all__ = ["MAX_IDEALS", "MAX_NODES", "MAX_PAIRS", "MAX_WORK", "IdealSplit", "solve_ideals"]
 
 MAX_NODES = 63
+"""Every ideal is one uint64 bit mask, a bit per node (one bit to spare)."""
 MAX_IDEALS = 4096
-"""Every DAG of up to 12 nodes has at most 2^12 ideals, so those are always solved exactly."""
+"""The lattice is enumerated in Python and held as an [ideals × nodes] membership matrix: 4,096
+(every subset of 12 independent nodes) keeps that small. A DAG of N nodes has at most 2^N."""
 MAX_PAIRS = 600_000
+"""Nested pairs ``I ⊂ J``, the DP's transitions, each kept as an index: bounds the lists' memory.
+A DAG of N nodes has at most 3^N − 2^N (the antichain's: 527,345 at 12 nodes)."""
 MAX_WORK = 300_000_000
-"""Nested pairs × nodes × tensors: the memory evaluation's element operations (~1 s at this size)."""
+"""Nested pairs × nodes × tensors: the memory evaluation's element operations (2.5 s of CPU at
+the edge: 12 independent nodes with 47 tensors). Only this limit depends on the tensors, so a
+DAG within the other three can still be past it (docs/planning.md)."""
 
 
 @dataclass(frozen=True, slots=True)

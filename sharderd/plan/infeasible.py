@@ -33,8 +33,13 @@ __all__ = [
 def weights_proof(analysis: Analysis, target: Target, devices: int) -> PlanInfeasibleError | None:
     """One node's weights alone over a device, or the distinct weights over all devices together.
 
-    Weights live on the device that runs their node whatever the split, so either rules out
-    every split; nothing else (inputs, code, margin) is counted.
+    ``node_weights``: an op's inputs are whole on its device while it runs (Poplar places a
+    tensor on one IPU's tiles; one made elsewhere is copied there whole), so one node's weights,
+    folded constants included, must fit one device at once whatever the split, and whether or not
+    the compiler folds them. ``weights_total``: a weight the file stores stays on a device for the
+    whole program, so the distinct stored weights must fit all devices at once; a folded constant
+    is left out there (not folded, the compiler computes it at run time, and it need not be held at
+    the same time as the rest). Nothing else (activations, code, the margin) is counted.
     """
     flow, capacity = analysis.flow, target.memory_bytes
     per_node = np.zeros(flow.num_nodes)
@@ -51,13 +56,13 @@ def weights_proof(analysis: Analysis, target: Target, devices: int) -> PlanInfea
             short_bytes=int(per_node[worst] - capacity),
             node=node,
         )
-    total = float(flow.weight_bytes[np.unique(flow.nw_idx)].sum())
+    total = float(analysis.total_weight_bytes - analysis.folded_bytes)
     if total <= capacity * devices:
         return None
     needed = max(devices + 1, math.ceil(total / capacity))
     return PlanInfeasibleError(
         f"the model does not fit on {devices} × {target.name}: its distinct weights alone are "
-        f"{fmt_bytes(total)}, more than the {devices} devices' {fmt_bytes(capacity * devices)} together. "
+        f"{fmt_bytes(total)}{' (the constants it folds left out)' if analysis.folded_bytes else ''}, more than the {devices} devices' {fmt_bytes(capacity * devices)} together. "
         f"At least {needed} devices are needed to hold them.",
         grounds="weights_total",
         hint=f"rerun with --devices {needed} (a lower bound: activations and code need room too)",

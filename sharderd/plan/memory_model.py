@@ -16,6 +16,7 @@ __all__ = [
     "amp_closing",
     "content_model",
     "overflow_need",
+    "planned_factor",
     "stage_factor",
 ]
 
@@ -51,6 +52,12 @@ def overflow_need(o: Observation) -> float:
     """How far over its device an overflow measured (× capacity; ``UNKNOWN_OVER`` when the
     compiler said no bytes)."""
     return o.measured if o.measured is not None else UNKNOWN_OVER
+
+
+def planned_factor(o: Observation) -> float:
+    """The factor an overflowed stage's nodes are planned with: its measurement aimed
+    ``HEADROOM`` above (``content_model``'s reading of one overflow, and the report's)."""
+    return stage_factor(o, overflow_need(o) * HEADROOM)
 
 
 def content_model(

@@ -1,5 +1,9 @@
 """What the search reads of a plan (``StageView`` per stage) and of a finished compile
-(``Observation``: an OOM measures one device's worst tile; a success only says the split fits)."""
+(``Observation``: an OOM measures one device's worst tile; a success only says the split fits).
+
+``OomInfo`` is what an out-of-memory compile told: it lives in the engine (``plan/``) because the
+search learns from it; ``backends/`` builds it from compiler texts and ships it across the attempt
+process boundary as plain JSON."""
 
 from __future__ import annotations
 
@@ -9,13 +13,15 @@ from typing import Literal
 
 import numpy as np
 
-from sharderd.plan.oom import OomInfo
 from sharderd.plan.types import Plan
 
 __all__ = [
     "AttemptKey",
     "Observation",
+    "OomInfo",
+    "OomKind",
     "Runs",
+    "Serialization",
     "StageView",
     "observe",
     "runs_minus",
@@ -25,8 +31,29 @@ __all__ = [
     "stage_views",
 ]
 
+OomKind = Literal["tile", "variables", "code", "exchange", "stream"]
+
+
+@dataclass(frozen=True, slots=True)
+class OomInfo:
+    """What an out-of-memory failure told us. Fields are None when the text has no number."""
+
+    kind: OomKind
+    """``tile``: "Out of memory on tile T: U bytes used..."; ``variables``: the numberless form;
+    ``stream``: a host stream's buffer ("Single stream of length ..."), not the tiles' memory."""
+    device: int | None = None
+    tile: int | None = None
+    """Global tile index as Poplar prints it."""
+    bytes_used: int | None = None
+    """Total bytes on that tile (not the excess)."""
+    tile_bytes: int | None = None
+    """Tile capacity as printed (638976 on Mk2)."""
+
+
 Runs = tuple[tuple[int, int], ...]
 """A stage's nodes as sorted, disjoint ``[start, stop)`` runs of file indices."""
+Serialization = tuple[tuple[str, int], ...]
+"""MatMuls written with PopART's serialization: (node name, factor) (``plan.probe``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +65,8 @@ class AttemptKey:
     amp: float
     stage_amps: tuple[float, ...] | None = None
     """Each stage's AMP when some stage has its own (``__available_memory``); None: all ``amp``."""
-    serialize: tuple[tuple[str, int], ...] = ()
-    """MatMuls compiled with PopART's serialization, (node, factor) (``plan.matmul_serial``)."""
+    serialize: Serialization = ()
+    """MatMuls compiled with PopART's serialization, (node, factor) (``plan.probe``)."""
 
     def amp_on(self, device: int | None) -> float:
         """The AMP that device's conv/matmuls were compiled with (no device: the lowest)."""

@@ -1,15 +1,12 @@
 """``--optimal-perf``: which variants of a compiled plan the search compiles, and which planned
-split is worth a compile at all (``search.next_attempts`` asks; docs/search.md)."""
+split is worth a compile at all (``search.learn`` asks; docs/search.md)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from sharderd.plan.observations import AttemptKey
-
-if TYPE_CHECKING:
-    from sharderd.plan.search import Attempt, SearchState, Started
+from sharderd.plan.search_state import Attempt, SearchState, Started
 
 __all__ = ["PERF_BAND", "perf_variants", "worth_compiling"]
 

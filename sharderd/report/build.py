@@ -15,7 +15,7 @@ import onnx
 from sharderd import __version__
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.fewest import THROUGHPUT_BAND
-from sharderd.plan.matmul_serial import SERIAL_MODE
+from sharderd.plan.probe import SERIAL_MODE
 from sharderd.plan.types import BottleneckHolder, Plan
 from sharderd.shard.annotate import RoutedInput
 from sharderd.shard.serialize import Serialized
@@ -34,8 +34,9 @@ __all__ = [
 
 SCHEMA = "sharderd.report/2"
 """Version 2 only adds keys to version 1 (none renamed or removed): ``model.compiled_ops``, each
-stage's ``ops``, ``target.op_overhead_s_table`` / ``target.code_bytes_table`` and ``verdict``
-(docs/report.md, "report.json")."""
+stage's ``ops``, ``target.op_overhead_s_table`` / ``target.code_bytes_table``, ``verdict`` and
+``verdict.contradiction`` (a compiled job whose compile refuted a probe's proof; its ``verdict``
+was always None before) (docs/report.md, "report.json")."""
 
 
 def _value_info(value: onnx.ValueInfoProto) -> dict[str, Any]:
@@ -187,11 +188,13 @@ def report_dict(
     timings_s: Mapping[str, float] | None = None,
     error: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    contradiction: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``status``: ``planned``, ``not_compiled`` (backend none), ``compiled``, ``failed``,
     ``does_not_fit`` (proven), ``not_proven`` (no fitting split found, not proven); ``plan`` is a
     ``plan_section``. ``verdict`` says, for a job that ended without a split, whether that is
-    proven and on which of ``errors.GROUNDS`` (None otherwise)."""
+    proven and on which of ``errors.GROUNDS``; for a compiled job it is None, unless a compile
+    ``contradiction`` refuted a probe's proof (``proven`` false, the compile won)."""
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "sharderd_version": __version__,
@@ -211,6 +214,8 @@ def report_dict(
         if error is None or "proven" not in error
         else {"proven": bool(error["proven"]), "grounds": error.get("grounds")},
     }
+    if contradiction is not None:
+        report["verdict"] = {"proven": False, "grounds": None, "contradiction": dict(contradiction)}
     if extra:
         report.update(extra)
     return report

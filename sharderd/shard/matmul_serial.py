@@ -1,5 +1,5 @@
 """PopART's per-op matmul serialization as written in a model: ``__serialize_matmul_mode`` (STRING)
-and ``__serialize_matmul_factor`` (INT) on a MatMul node (``plan.matmul_serial`` decides which).
+and ``__serialize_matmul_factor`` (INT) on a MatMul node (``plan.probe`` decides which).
 
 Set by node name, in If/Loop/Scan bodies too; a converter that rebuilds the graph loses them, so
 the PopRT backend reads them before its conversion and puts them back by name after it, as it
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import onnx
 
-from sharderd.plan.matmul_serial import SERIAL_MODE, SERIAL_OPS
+from sharderd.plan.probe import SERIAL_MODE, SERIAL_OPS
 from sharderd.shard.amp import walk_nodes
 from sharderd.shard.annotate import replace_attributes
 

@@ -168,3 +168,30 @@ def test_the_unet_softmax_over_its_64x64_latent_counts_one_buffer() -> None:
     (scores,) = flow.inputs(softmax)
     assert tb[scores] == 4 * 4096 * 4096
     assert activation_bytes(analysis, softmax) == tb[scores]
+
+
+def test_an_add_that_broadcasts_its_input_larger_takes_new_memory() -> None:
+    """The same-size condition: h [1, N], read by the Add alone, is added to a [2, N] weight; the
+    output is twice h's bytes, so it cannot be made in h's memory (it would count N bytes less).
+    The same Add with a [1, N] weight is made in place (the chain above)."""
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+            helper.make_node("Add", ["h", "wide"], ["y"], name="add"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", f, [1, N])],
+        [helper.make_tensor_value_info("y", f, [2, N])],
+        [
+            onnx.numpy_helper.from_array(np.ones((N, N), dtype=np.float32), "w"),
+            onnx.numpy_helper.from_array(np.ones((2, N), dtype=np.float32), "wide"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    analysis = analyze(loaded(model), PlanConfig())
+    src = analysis.alias_source
+    assert src is not None and src[_tensor(analysis, "y")] == -1
+    assert analysis.node_new_bytes().tolist() == [BUF, 2 * BUF]
+    oc = ordered_costs(analysis, TARGET, analysis.flow.topo_order)
+    assert oc.live_bytes.tolist() == [2 * BUF, 3 * BUF]

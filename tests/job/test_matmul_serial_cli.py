@@ -77,3 +77,26 @@ def test_a_matmul_too_big_alone_even_serialized_is_proven(wide: Path, tmp_path: 
     assert "'MatMul_big' compiled alone on one device" in proc.stderr
     assert "even with its matmul serialized ×16" in proc.stderr
     assert report(out)["verdict"] == {"proven": True, "grounds": "probe"}
+
+
+def test_a_serialized_probe_whose_compiled_model_lost_the_attributes_is_no_proof(
+    wide: Path, tmp_path: Path
+) -> None:
+    """The same overflow, but PopRT's conversion rewrites MatMul_big as a Gemm, so the MatMul
+    attributes sharderd puts back by name never reach the compiler: the serialized probe compiled
+    the node whole, and its overflow proves nothing about 16 pieces. Not exit 3: exit 5, saying
+    why."""
+    config = tmp_path / "sharderd.toml"
+    config.write_text(CONFIG)
+    out = tmp_path / "out"
+    gemm = {"FAKE_POPRT_CONVERT_OPS": '{"MatMul_big": "Gemm"}'}
+    proc, compiles = shard(wide, config, out, 2, truth={"weight_factor": 1.2}, env_extra=gemm)
+    assert proc.returncode == 5, proc.stderr
+    probes = [c for c in compiles if c["options"]["num_ipus"] == 1]
+    assert [c["serialized_matmuls"] for c in probes] == [{}, {}]
+    assert all(c["result"] == "error" for c in probes)
+    assert "without __serialize_matmul_* on 'MatMul_big' ×16" in proc.stderr
+    data = report(out)
+    assert data["verdict"] == {"proven": False, "grounds": None}
+    serialized = next(a for a in data["attempts"] if "serialized" in a["label"])
+    assert serialized["details"]["matmul_serialization"] == {}

@@ -416,3 +416,16 @@ def test_an_estimate_that_rules_every_split_out_is_proven_by_the_probe(
     ipus = sorted(c["options"]["num_ipus"] for c in compiles)
     assert ipus[0] == 1 and ipus.count(1) == 1 and len(ipus) <= 3
     assert "not proven" in proc.stderr
+
+
+def test_a_probe_out_of_host_stream_memory_is_no_proof(
+    cnn: Path, config: Path, tmp_path: Path
+) -> None:
+    """The probe above, but every compile fails on a host stream's buffer: the probe feeds its
+    node's inputs from the host, which no split does, so its overflow proves nothing (exit 5)."""
+    out = tmp_path / "out"
+    proc, compiles = shard(cnn, config, out, 8, truth={"weight_factor": 1.3}, mode="stream")
+    assert proc.returncode == 5, proc.stderr
+    assert any(c["options"]["num_ipus"] == 1 for c in compiles)
+    assert "ran out of host-stream memory" in proc.stderr
+    assert report(out)["verdict"] == {"proven": False, "grounds": None}

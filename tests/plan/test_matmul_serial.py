@@ -8,11 +8,9 @@ from dataclasses import replace
 import pytest
 from plan.test_search import SETTINGS, TILE, first, overflow
 
-from sharderd.errors import PlanInfeasibleError
 from sharderd.plan.content import ContentCorrection
-from sharderd.plan.matmul_serial import MAX_SERIAL_FACTOR, probe_proves, serial_factor
-from sharderd.plan.observations import AttemptKey, StageView, observe
-from sharderd.plan.oom import OomInfo
+from sharderd.plan.observations import AttemptKey, OomInfo, Serialization, StageView, observe
+from sharderd.plan.probe import MAX_SERIAL_FACTOR, probe_proves, serial_factor
 from sharderd.plan.search import (
     Attempt,
     Finished,
@@ -46,9 +44,11 @@ def test_the_factor_is_the_largest_power_of_two_up_to_the_cap_dividing_the_outpu
     assert serial_factor(op, shape) == factor
 
 
-def _probe_oom(index: int, amp: float = 0.1) -> Finished:
+def _probe_oom(index: int, amp: float = 0.1, compiled: Serialization = ()) -> Finished:
+    """A probe ran out of the tiles' memory; ``compiled``: the serialization its model carried."""
     info = OomInfo("tile", 0, 3, int(1.05 * TILE), TILE)
-    return Finished(index, "oom", observe(index, PROBE_VIEW, kind="oom", amp=amp, oom=info))
+    obs = observe(index, PROBE_VIEW, kind="oom", amp=amp, oom=info)
+    return Finished(index, "oom", obs, oom="tile", compiled_serialize=compiled)
 
 
 def _running(serializable: tuple[str, int] | None) -> tuple[SearchState, Attempt]:
@@ -71,6 +71,7 @@ def test_a_matmul_probe_that_overflows_is_compiled_again_serialized_before_anyth
     assert isinstance(wanted, tuple) and len(wanted) == 1
     serial = wanted[0]
     assert (serial.kind, serial.amp, serial.serialize) == ("probe", 0.1, (("mm", 16),))
+    assert state.proof is None and state.doubts == ()  # no proof yet, and nothing to doubt
     key = AttemptKey("probe:mm", 0.1, serialize=serial.serialize)
     state = learn(state, Started(2, serial, key, 0.0, serializable=("mm", 16)))
     assert next_attempts(state) == ()  # its outcome decides what the re-plan writes: wait
@@ -82,8 +83,7 @@ def test_a_probe_that_is_no_serializable_matmul_or_above_the_lowest_amp_proves_a
     assert probe_proves(state.attempts[1], 0.1)
     assert not probe_proves(state.attempts[1], 0.05)  # a lower AMP is still allowed
     state = learn(learn(state, overflow(0, 1, 1.3)), _probe_oom(1))
-    wanted = next_attempts(state)
-    assert isinstance(wanted, tuple) and all(not a.serialize for a in wanted)
+    assert next_attempts(state) == Verdict(None, proof=1)  # no serialized retry: the proof
 
 
 def test_the_serialized_probe_overflowing_is_the_proof() -> None:
@@ -92,9 +92,8 @@ def test_the_serialized_probe_overflowing_is_the_proof() -> None:
     serial = next_attempts(state)[0]  # type: ignore[index]
     key = AttemptKey("probe:mm", 0.1, serialize=serial.serialize)
     state = learn(state, Started(2, serial, key, 0.0, serializable=("mm", 16)))
-    proof = PlanInfeasibleError("even serialized", grounds="probe")
-    ended = next_attempts(learn(state, replace(_probe_oom(2), fatal=proof)))
-    assert isinstance(ended, Verdict) and ended.error is proof and ended.error.grounds == "probe"
+    ended = next_attempts(learn(state, _probe_oom(2, compiled=(("mm", 16),))))
+    assert ended == Verdict(None, proof=2)
 
 
 def test_a_serialized_probe_that_fits_is_written_by_every_later_attempt() -> None:
@@ -121,3 +120,17 @@ def test_a_serialized_probe_that_fits_is_written_by_every_later_attempt() -> Non
     state = learn(learn(state, Started(3, replan, serialized, 1.0)), overflow(3, 0, 1.2))
     retry = first(state)  # a re-plan after its overflow writes the serialization still
     assert retry.serialize == (("mm", 16),) and not retry.content.identity
+
+
+def test_a_serialized_probe_whose_compiled_model_lost_the_attributes_proves_nothing() -> None:
+    """The request asked for ×16, but the compiled model (as the backend read it back) carried no
+    serialization, or another factor: its overflow is no proof, and the message says why."""
+    for compiled in ((), (("mm", 8),), None):
+        state, _ = _running(("mm", 16))
+        state = learn(learn(state, overflow(0, 1, 1.3)), _probe_oom(1))
+        serial = next_attempts(state)[0]  # type: ignore[index]
+        key = AttemptKey("probe:mm", 0.1, serialize=serial.serialize)
+        state = learn(state, Started(2, serial, key, 0.0, serializable=("mm", 16)))
+        lost = learn(state, replace(_probe_oom(2), compiled_serialize=compiled))
+        assert lost.proof is None
+        assert "without __serialize_matmul_* on 'mm' ×16" in "".join(lost.doubts)

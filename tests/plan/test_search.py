@@ -10,8 +10,8 @@ import numpy as np
 from sharderd.errors import NoSplitError, PlanInfeasibleError
 from sharderd.plan.content import node_factors
 from sharderd.plan.memory_model import HEADROOM, NOISE, amp_closing, content_model, stage_factor
-from sharderd.plan.observations import AttemptKey, Observation, StageView, observe
-from sharderd.plan.oom import OomInfo
+from sharderd.plan.observations import AttemptKey, Observation, OomInfo, StageView, observe
+from sharderd.plan.perf import worth_compiling
 from sharderd.plan.search import (
     Attempt,
     Finished,
@@ -23,7 +23,6 @@ from sharderd.plan.search import (
     learn,
     next_attempts,
     verdict,
-    worth_compiling,
 )
 
 TILE = 638_976
@@ -250,8 +249,10 @@ def test_a_proof_ends_the_search_as_itself() -> None:
     assert next_attempts(ended) == Verdict(None, proof, None, "")
     probe = Attempt("probe", "probe", 1.0, (1.0,), first(state).content, 0.1)
     running = start(start(state, first(state), "a"), probe, "p")
-    proven = learn(running, Finished(1, "oom", fatal=proof))
-    assert verdict(proven).error is proof and isinstance(next_attempts(proven), Verdict)
+    proven = learn(running, Finished(1, "oom", oom="tile"))
+    assert verdict(proven) == Verdict(None, proof=1) and next_attempts(proven) == Verdict(
+        None, proof=1
+    )
 
 
 def test_a_re_plan_that_reproduces_a_tried_split_grows_the_last_overflow_within_the_budget() -> (
@@ -289,3 +290,89 @@ def test_a_re_plan_on_measured_times_is_waited_for() -> None:
     state = start(state, again, "b", predicted_s=5.0)
     assert next_attempts(state) == ()
     assert next_attempts(learn(state, Finished(1, "ok"))) == Verdict(0)
+
+
+def _with_probe(settings: Settings = SETTINGS) -> SearchState:
+    """The first plan (attempt 0) and the probe (attempt 1, at the lowest AMP) running."""
+    state = SearchState(settings, 1.15)
+    state = start(state, first(state), "a", predicted_s=1.0)
+    probe = next_attempts(state)[0]  # type: ignore[index]
+    assert probe.kind == "probe"
+    return learn(state, Started(1, probe, AttemptKey("probe:n", probe.amp), 0.0))
+
+
+def test_a_probe_out_of_host_stream_memory_proves_nothing() -> None:
+    """The probe feeds its node's inputs from the host, as no split does: a host-stream overflow
+    there is the probe's own, no proof; a tile overflow is the proof."""
+    stream = learn(_with_probe(), Finished(1, "oom", oom="stream"))
+    assert stream.proof is None and not isinstance(next_attempts(stream), Verdict)
+    assert "host-stream memory" in "".join(stream.doubts)
+    tile = learn(_with_probe(), Finished(1, "oom", oom="tile"))
+    assert tile.proof == 1 and next_attempts(tile) == Verdict(None, proof=1)
+
+
+def test_a_compile_that_fits_wins_over_a_probe_proof_and_says_so() -> None:
+    """The plan fitted, then the probe overflowed (or the other way round, both outcomes in
+    before the verdict): the compile wins, and the verdict names the probe it contradicts."""
+    fitted = Finished(0, "ok", observe(0, PLAN, kind="ok", amp=0.6))
+    for events in (
+        (fitted, Finished(1, "oom", oom="tile")),
+        (Finished(1, "oom", oom="tile"), fitted),
+    ):
+        state = _with_probe()
+        for event in events:
+            state = learn(state, event)
+        assert next_attempts(state) == Verdict(0, contradiction=1)
+    alone = learn(_with_probe(), fitted)
+    assert next_attempts(alone) == Verdict(0)
+
+
+def test_an_estimate_that_ruled_every_split_out_gets_two_compiles() -> None:
+    """No split at the margin before any compile: the split closest to fitting is compiled
+    (margin 1), then, after its overflow, one re-plan the measurement allows; then exit 5, the
+    verdict saying the compiles were capped (here the probe is off)."""
+    cfg = replace(SETTINGS, probe=False, speculative_margins=())
+    state = SearchState(cfg, 1.15)
+    state = learn(state, Unplanned(first(state), NoSplitError("margin")))
+    assert state.ruled_out and state.margin == 1.0
+    state = learn(start(state, first(state), "a"), overflow(0, 0, 1.2))
+    replan = first(state)
+    assert replan.kind == "plan" and not replan.content.identity
+    second = start(state, replan, "b")
+    end = next_attempts(learn(second, overflow(1, 1, 1.1)))
+    assert isinstance(end, Verdict) and end.kept is None and end.capped and end.error is None
+    assert next_attempts(learn(second, Finished(1, "ok"))) == Verdict(1)  # a fit is kept
+
+
+def test_the_probe_counts_among_the_two_compiles() -> None:
+    state = SearchState(replace(SETTINGS, speculative_margins=()), 1.15)
+    state = learn(state, Unplanned(first(state), NoSplitError("margin")))
+    state = start(state, first(state), "a")
+    probe = first(state)
+    assert probe.kind == "probe"
+    state = learn(state, Started(1, probe, AttemptKey("probe:n", 0.1), 0.0))
+    state = learn(learn(state, Finished(1, "ok")), overflow(0, 0, 1.2))
+    end = next_attempts(state)
+    assert isinstance(end, Verdict) and end.capped and end.proof is None
+
+
+def test_an_optimal_perf_variant_is_compiled_only_when_its_calibrated_prediction_wins_the_band() -> (
+    None
+):
+    """The best compile measured 2.0 s per batch for a 1.0 s prediction (ratio 2): a variant
+    predicted at 0.5 s is calibrated to 1.0 s, and compiled only if 1.0 × PERF_BAND beats 2.0,
+    i.e. a prediction under 2.0 / (2 × 0.9) = 1.111 s; a plan of any other kind always is."""
+    cfg = replace(SETTINGS, optimal_perf=True, probe=False, speculative_margins=())
+    state = start(SearchState(cfg, 1.15), first(SearchState(cfg, 1.15)), "a", predicted_s=1.0)
+    state = learn(state, Finished(0, "ok", period_s=2.0, throughput=1.0))
+    variant = replace(first(state), kind="perf")
+    edge = 2.0 / (2.0 * 0.9)
+    assert worth_compiling(state, variant, AttemptKey("b", 0.6), edge * 0.999)
+    assert not worth_compiling(state, variant, AttemptKey("b", 0.6), edge * 1.001)
+    assert not worth_compiling(state, variant, AttemptKey("a", 0.6), 0.1)  # compiled already
+    plan = replace(variant, kind="plan")
+    assert worth_compiling(state, plan, AttemptKey("b", 0.6), 100.0)
+    unmeasured = learn(
+        start(SearchState(cfg, 1.15), first(SearchState(cfg, 1.15)), "a"), Finished(0, "ok")
+    )
+    assert not worth_compiling(unmeasured, variant, AttemptKey("b", 0.6), 0.1)

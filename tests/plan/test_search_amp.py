@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sharderd.errors import NoSplitError
-from sharderd.plan.observations import AttemptKey, StageView, observe
-from sharderd.plan.oom import OomInfo
+from sharderd.plan.observations import AttemptKey, OomInfo, StageView, observe
+from sharderd.plan.perf import worth_compiling
 from sharderd.plan.search import (
     Attempt,
     Finished,
@@ -18,7 +18,6 @@ from sharderd.plan.search import (
     Verdict,
     learn,
     next_attempts,
-    worth_compiling,
 )
 
 TILE = 638_976

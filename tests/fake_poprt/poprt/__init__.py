@@ -20,6 +20,8 @@ Environment knobs, read at every compile:
   the process kills itself with SIGSEGV; ``hang``: it blocks until a signal ends it;
   ``unknown_error``: a ``RuntimeError`` no parser knows. Validation errors come first.
 - ``FAKE_POPRT_COMPILE_SECONDS``: simulated compile time (default 0).
+- ``FAKE_POPRT_CONVERT_OPS``: JSON, node name → the op type ``Converter.convert`` gives it (a
+  pass that rewrites a MatMul as a Gemm: MatMul-only attributes put back by name are not set).
 - ``FAKE_POPRT_LOG``: append one JSON line per compile call (options, the
   ``POPLAR_ENGINE_OPTIONS`` it saw, the distinct per-op ``__available_memory`` values
   (``op_amps``), per-IPU worst-tile bytes, result and error text).

@@ -9,6 +9,8 @@ here are shared with ``poprt.compiler``.
 from __future__ import annotations
 
 import copy
+import json
+import os
 from collections import deque
 from collections.abc import Mapping
 
@@ -142,7 +144,9 @@ class Converter:
 
     Like the real one it rebuilds the graph, so node attributes it does not know (the
     ``__ipu_number`` / ``__pipeline_stage`` annotations) are gone afterwards, which is why PopRT
-    applies manual sharding after conversion, by node name. ``fp16`` turns float32 initializers
+    applies manual sharding after conversion, by node name. ``FAKE_POPRT_CONVERT_OPS`` (JSON, node
+    name → op type) rewrites those nodes' op (a MatMul of 2-D operands as a Gemm), as a
+    conversion pass may. ``fp16`` turns float32 initializers
     into float16 (graph inputs and outputs keep their type).
     """
 
@@ -157,10 +161,12 @@ class Converter:
         from onnx import TensorProto, numpy_helper
 
         model = copy.deepcopy(model)
+        rewritten = json.loads(os.environ.get("FAKE_POPRT_CONVERT_OPS") or "{}")
         for node in model.graph.node:
             kept = [a for a in node.attribute if not a.name.startswith("__")]
             del node.attribute[:]
             node.attribute.extend(kept)
+            node.op_type = rewritten.get(node.name, node.op_type)
         if self.precision == "fp16":
             for tensor in model.graph.initializer:
                 if (
