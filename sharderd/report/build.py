@@ -84,6 +84,8 @@ def model_facts(analysis: Analysis) -> dict[str, Any]:
         "unknown_tensors": list(analysis.costs.unknown_tensors[:50]),
         "input_shapes": {k: list(v) for k, v in analysis.shapes.input_shapes.items()},
         "shape_inference": analysis.shapes.engine,
+        "shape_rounds": analysis.shapes.rounds,
+        "shape_stops": [asdict(s) for s in analysis.shapes.stops],
         "data_dependent_shapes": [asdict(d) for d in analysis.shapes.data_dependent],
         "precision": analysis.precision,
         "source_precision": analysis.source_precision,
