@@ -48,6 +48,9 @@ class Analysis:
     alias_source: np.ndarray | None = None
     """int64 [T]: the input whose memory each tensor takes over (a view, an in-place op), or -1
     (``graph/buffers.py``; None: every tensor has memory of its own)."""
+    priced: bool = False
+    """The analysis of a rewrite into pieces that was priced, not written
+    (``shard.serialize_price``): its model has no weight values, so it is planned, never written."""
 
     @property
     def model(self) -> onnx.ModelProto:

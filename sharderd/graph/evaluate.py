@@ -22,7 +22,7 @@ import onnx
 import onnx.numpy_helper
 
 from sharderd.graph import shape_ops
-from sharderd.graph.propagate import TensorType
+from sharderd.graph.propagate import TensorType, model_shell
 from sharderd.graph.tensors import tensor_nbytes
 
 __all__ = ["VALUE_BYTES", "ConstantValues", "constant_values", "with_values"]
@@ -199,16 +199,9 @@ def _small(tt: TensorType | None) -> bool:
 
 def with_values(light: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
     """``light`` with the nodes whose outputs all have ``values`` replaced by those initializers."""
-    copy = onnx.ModelProto()
-    copy.ir_version = light.ir_version
-    copy.opset_import.extend(light.opset_import)
-    copy.functions.extend(light.functions)
+    copy = model_shell(light)
     source, graph = light.graph, copy.graph
-    graph.name = source.name
-    graph.input.extend(source.input)
-    graph.output.extend(source.output)
     graph.initializer.extend(source.initializer)
-    graph.sparse_initializer.extend(source.sparse_initializer)
     outputs = {o.name for o in source.output}
     for node in source.node:
         outs = [o for o in node.output if o]

@@ -31,7 +31,7 @@ from sharderd.graph.evaluate import ConstantValues, with_values
 from sharderd.graph.propagate import onnx_inference
 from sharderd.graph.shape_types import TensorType, add_constants, collect_value_infos, static_type
 
-__all__ = ["MAX_ROUNDS", "Settled", "settle_shapes", "unknown_outputs"]
+__all__ = ["MAX_ROUNDS", "Settled", "node_output_types", "settle_shapes", "unknown_outputs"]
 
 MAX_ROUNDS = 4
 """Rounds of (whole-model inference, sweep) at most. The first sweep sizes every top-level node
@@ -140,18 +140,9 @@ class _Sweep:
             value = self.values.value(name)
             if value is not None:
                 data[name] = onnx.numpy_helper.from_array(value, name)
-        try:
-            inferred = onnx.shape_inference.infer_node_outputs(
-                schema, node, given, data, opset_imports=self.opsets
-            )
-        except Exception:  # the op's inference rejects these inputs: its outputs stay unknown
-            return
-        for out in outs:
-            if out in inferred and inferred[out].HasField("tensor_type"):
-                value_info = onnx.ValueInfoProto(name=out, type=inferred[out])
-                found = static_type(value_info)
-                if found.shape is not None or out not in self.types:
-                    self.types[out] = found
+        for out, found in node_output_types(schema, node, given, data, self.opsets).items():
+            if found.shape is not None or out not in self.types:
+                self.types[out] = found
 
     def _schema(self, node: onnx.NodeProto) -> onnx.defs.OpSchema | None:
         key = (node.op_type, node.domain)
@@ -173,6 +164,28 @@ class _Sweep:
         if known is not None and known.elem_type:
             return make_tensor_type_proto(known.elem_type, None)
         return None
+
+
+def node_output_types(
+    schema: onnx.defs.OpSchema,
+    node: onnx.NodeProto,
+    given: Mapping[str, onnx.TypeProto],
+    data: Mapping[str, onnx.TensorProto],
+    opsets: Sequence[onnx.OperatorSetIdProto],
+) -> dict[str, TensorType]:
+    """ONNX's inference of ``node`` alone: its outputs' types from its inputs' (``given``, every
+    input it names) and the values of those known (``data``); {} when the op rejects them."""
+    try:
+        inferred = onnx.shape_inference.infer_node_outputs(
+            schema, node, dict(given), dict(data), opset_imports=list(opsets)
+        )
+    except Exception:  # the op's inference rejects these inputs: its outputs stay unknown
+        return {}
+    return {
+        out: static_type(onnx.ValueInfoProto(name=out, type=t))
+        for out, t in inferred.items()
+        if t.HasField("tensor_type")
+    }
 
 
 def _with_found(

@@ -30,6 +30,7 @@ __all__ = [
     "TensorType",
     "collect_types",
     "inference_copy",
+    "model_shell",
     "onnx_inference",
     "propagate_shapes",
     "propagate_value_infos",
@@ -51,18 +52,31 @@ class Propagation:
     """What the inference engine warned about (uncertain comparisons, unsupported broadcasts)."""
 
 
+def model_shell(model: onnx.ModelProto, *, inputs: bool = True) -> onnx.ModelProto:
+    """A new model with ``model``'s IR version, producer, opsets and functions, and its graph's
+    name, outputs, sparse initializers and (``inputs``) inputs: no node, no initializer."""
+    shell = onnx.ModelProto()
+    shell.ir_version = model.ir_version
+    shell.producer_name, shell.producer_version = model.producer_name, model.producer_version
+    shell.opset_import.extend(model.opset_import)
+    shell.functions.extend(model.functions)
+    shell.graph.name = model.graph.name
+    if inputs:
+        shell.graph.input.extend(model.graph.input)
+    shell.graph.output.extend(model.graph.output)
+    shell.graph.sparse_initializer.extend(model.graph.sparse_initializer)
+    return shell
+
+
 def inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     """The graph with weights turned into typed graph inputs: inference sees shapes, never bytes.
 
     Small inline initializers keep their values, since shape subgraphs read them. External ones
     never do: reading them would read weights from disk.
     """
-    light = onnx.ModelProto()
+    light = model_shell(model, inputs=False)
     light.ir_version = max(model.ir_version, 4)  # initializers need not be inputs from IR 4 on
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
     source, graph = model.graph, light.graph
-    graph.name = source.name
     graph.node.extend(source.node)
     stubbed: set[str] = set()
     for tensor in source.initializer:
@@ -78,8 +92,6 @@ def inference_copy(model: onnx.ModelProto) -> onnx.ModelProto:
         )
     kept = {t.name for t in graph.initializer}
     graph.input.extend(v for v in source.input if v.name not in kept and v.name not in stubbed)
-    graph.output.extend(source.output)
-    graph.sparse_initializer.extend(source.sparse_initializer)
     return light
 
 

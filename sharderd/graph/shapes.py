@@ -25,7 +25,6 @@ from sharderd.graph.propagate import (
     propagate_shapes,
 )
 from sharderd.graph.shape_stops import ShapeStop, shape_stops
-from sharderd.graph.tensors import tensor_nbytes
 
 __all__ = [
     "DataDependentShape",
@@ -34,10 +33,8 @@ __all__ = [
     "TensorType",
     "UnresolvedDim",
     "shape_info",
-    "type_only_copy",
 ]
 
-_STRIP_BYTES = 4096
 FIXED_POINT = "onnx+constants"
 """``ShapeInfo.engine`` when ONNX's inference and the constants' values sized every tensor."""
 
@@ -113,37 +110,3 @@ def shape_info(
         settled.rounds,
         shape_stops(light.graph, order, types, constants),
     )
-
-
-def type_only_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy for inference: big initializers become dims + dtype stubs (inference needs no values).
-
-    The source is never touched, and no weight bytes are copied or measured (``ByteSize`` on a
-    model with 2 GB of inline weights costs seconds).
-    """
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
-    source, graph = model.graph, light.graph
-    graph.name = source.name
-    graph.node.extend(source.node)
-    graph.input.extend(source.input)
-    graph.output.extend(source.output)
-    graph.value_info.extend(source.value_info)
-    graph.sparse_initializer.extend(source.sparse_initializer)
-    for tensor in source.initializer:
-        if (
-            tensor.data_location == onnx.TensorProto.EXTERNAL
-            or tensor_nbytes(tensor) <= _STRIP_BYTES
-        ):
-            graph.initializer.append(tensor)  # small values (Reshape targets) feed data propagation
-            continue
-        stub = graph.initializer.add()
-        stub.name = tensor.name
-        stub.data_type = tensor.data_type
-        stub.dims.extend(tensor.dims)
-        stub.data_location = onnx.TensorProto.EXTERNAL
-        entry = stub.external_data.add()
-        entry.key, entry.value = "location", "__sharderd_stripped__"
-    return light

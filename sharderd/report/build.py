@@ -15,6 +15,7 @@ import onnx
 from sharderd import __version__
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.matmul_serial import SERIAL_MODE
+from sharderd.plan.serialize_choice import BottleneckTrial
 from sharderd.plan.types import Plan
 from sharderd.shard.annotate import RoutedInput
 from sharderd.shard.serialize import Serialized
@@ -29,6 +30,7 @@ __all__ = [
     "report_dict",
     "serialization_list",
     "target_facts",
+    "trial_section",
 ]
 
 SCHEMA = "sharderd.report/2"
@@ -221,6 +223,23 @@ def serialized_section(
             "bottleneck_after_s": None if r.bottleneck_s is None else r.bottleneck_s[1],
         }
         for r in records
+    ]
+
+
+def trial_section(trial: BottleneckTrial) -> list[dict[str, Any]]:
+    """``report["serialization_tried"]``: the rewrite for the bottleneck that was priced, kept or
+    not: each node and its pieces, the first plan's predicted bottleneck whole, the floor no split
+    in pieces beats, whether a plan in pieces was made (not when the floor already rules the
+    rewrite out) and its bottleneck (None: not made, or no split fits), and whether it was kept."""
+    return [
+        {
+            "nodes": [{"node": n, "op": op, "pieces": k} for n, op, k in trial.pieces],
+            "bottleneck_before_s": trial.before_s,
+            "after_lower_bound_s": trial.floor_s,
+            "after_planned": trial.planned,
+            "bottleneck_after_s": trial.after_s,
+            "kept": trial.kept,
+        }
     ]
 
 
