@@ -6,7 +6,10 @@ sharderd installs measured alternately in one sitting (a main checkout's venv an
   ``--dim sequence=128``, with and without ``--no-serialize``;
 - torchvision ``swin_s`` and ``swin_t`` at full size (random weights, exported as
   ``export_models.py`` exports: TorchScript exporter, opset 17, dynamic batch/height/width),
-  4 × ipu-mk2 at ``pixel_values=1,3,224,224``.
+  4 × ipu-mk2 at ``pixel_values=1,3,224,224``;
+- with ``--stock-xl PATH``, a real ``torch.onnx.export`` of Hugging Face GPT-2 XL (inputs
+  ``input_ids``/``attention_mask``), 16 × ipu-mk2 at sequence 128, with and without serializing;
+- tests/data/models/gpt_decoder on 2 devices: start-up and a small model's plan.
 
 Models are made once under ``bench/out/real_plans/`` (or given with ``--xl``/``--swin-s``/
 ``--swin-t``); the swin exports need torchvision.
@@ -63,12 +66,22 @@ def _cases(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     xl = str(args.xl or _xl())
     common = ["--devices", "16", "--dim", "sequence=128", "--json"]
     vision = ["--devices", "4", "--input-shape", "pixel_values=1,3,224,224", "--json"]
-    return [
+    text = ["--input-shape", "input_ids=1,128", "--input-shape", "attention_mask=1,128"]
+    decoder = str(HERE.parent / "tests" / "data" / "models" / "gpt_decoder" / "model.onnx")
+    cases = [
         ("GPT-2 XL, serialize on", ["plan", xl, *common]),
         ("GPT-2 XL, --no-serialize", ["plan", xl, *common, "--no-serialize"]),
         ("swin_s", ["plan", str(args.swin_s or _torchvision("swin_s")), *vision]),
         ("swin_t", ["plan", str(args.swin_t or _torchvision("swin_t")), *vision]),
+        ("gpt_decoder", ["plan", decoder, "--devices", "2", *text, "--json"]),
     ]
+    if args.stock_xl:
+        stock = ["plan", str(args.stock_xl), "--devices", "16", *text, "--json"]
+        cases += [
+            ("stock GPT-2 XL, serialize on", stock),
+            ("stock GPT-2 XL, --no-serialize", [*stock, "--no-serialize"]),
+        ]
+    return cases
 
 
 def _facts(stdout: str) -> str:
@@ -97,9 +110,10 @@ def main() -> None:
     parser.add_argument("--xl", type=Path)
     parser.add_argument("--swin-s", type=Path)
     parser.add_argument("--swin-t", type=Path)
-    parser.add_argument("--only", nargs="*", help="case names to run (substring match)")
+    parser.add_argument("--stock-xl", type=Path, help="a torch.onnx.export of HF GPT-2 XL")
+    parser.add_argument("--only", nargs="*", help="case names to run")
     args = parser.parse_args()
-    cases = [c for c in _cases(args) if not args.only or any(o in c[0] for o in args.only)]
+    cases = [c for c in _cases(args) if not args.only or any(o == c[0] for o in args.only)]
     runs: dict[tuple[str, str], list] = {}
     for _ in range(args.repeat):
         for name, argv in cases:

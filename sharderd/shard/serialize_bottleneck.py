@@ -64,7 +64,8 @@ class Decision:
 def decide(analysis: Analysis, config: PlanConfig, target: Target, devices: int) -> Decision:
     """The rewrites a plan of ``analysis`` on ``devices`` keeps (see module doc); writes nothing."""
     big = too_big_pieces(analysis.model, config, target)
-    analysis, records = priced(analysis, list(big.items()))
+    folded = {analysis.flow.node_names[q] for q in np.flatnonzero(~analysis.compiled)}
+    analysis, records = priced(analysis, [(n, k) for n, k in big.items() if n not in folded])
     return _bottleneck(Decision(analysis, records), config, target, devices)
 
 

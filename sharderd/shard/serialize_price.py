@@ -48,7 +48,7 @@ def priced(
     records = []
     for name, pieces in chosen:
         node = next(n for n in model.graph.node if n.name == name)
-        index = analysis.shapes.types.get(node.input[1]) if len(node.input) > 1 else None
+        index = analysis.shapes.types.get(node.input[1]) if node.op_type == "Gather" else None
         index_type = index.elem_type if index is not None and index.elem_type else None
         rewrite = rewrite_of(model, name, pieces, index_type=index_type or TensorProto.INT64)
         analysis = _splice(analysis, model, rewrite)
@@ -78,7 +78,9 @@ def _splice(analysis: Analysis, model: onnx.ModelProto, rewrite: Rewrite) -> Ana
     flow, p, nodes = analysis.flow, rewrite.position, list(rewrite.nodes)
     if analysis.folded is not None and analysis.folded[p]:
         raise ValueError(f"node {flow.node_names[p]!r} is folded into a constant: nothing to price")
-    output = model.graph.node[p].output[0]
+    rewrite_node = onnx.NodeProto()
+    rewrite_node.CopyFrom(model.graph.node[p])
+    output = rewrite_node.output[0]
     types = _new_types(analysis, model, rewrite)
     new_tensors = [o for n in nodes for o in n.output if o and o != output]
     weights = _new_weights(analysis, rewrite)
@@ -93,17 +95,24 @@ def _splice(analysis: Analysis, model: onnx.ModelProto, rewrite: Rewrite) -> Ana
 
     new_flow, shift = _spliced_flow(flow, p, nodes, new_tensors, output, weights)
     flops, defaults = node_flops_of(nodes, types)
+    _, replaced = node_flops_of([rewrite_node], analysis.shapes.types)
     costs = analysis.costs
     default_ops = dict(costs.default_cost_ops)
     for op, count in defaults.items():
         default_ops[op] = default_ops.get(op, 0) + count
-    new_bytes = [_at_precision(analysis, types[t]) for t in new_tensors]
+    for op, count in replaced.items():
+        default_ops[op] -= count
+        if not default_ops[op]:
+            del default_ops[op]
+    sized = {t: types.get(t) or TensorType(0, None) for t in new_tensors}
+    new_bytes = [_at_precision(analysis, sized[t]) for t in new_tensors]
+    unknown = {*costs.unknown_tensors, *(t for t in new_tensors if sized[t].shape is None)}
     ty = shift.tensor_at
     tensor_bytes = np.insert(costs.tensor_bytes, ty, np.asarray(new_bytes, dtype=np.int64))
     new_costs = GraphCosts(
         np.concatenate([costs.flops[:p], flops, costs.flops[p + 1 :]]),
         tensor_bytes,
-        costs.unknown_tensors,
+        tuple(t for t in new_flow.tensor_names if t in unknown),
         default_ops,
         costs.control_flow_notes,
     )
@@ -128,7 +137,9 @@ def _splice(analysis: Analysis, model: onnx.ModelProto, rewrite: Rewrite) -> Ana
 def _new_types(
     analysis: Analysis, model: onnx.ModelProto, rewrite: Rewrite
 ) -> dict[str, TensorType]:
-    """Every tensor's type after the rewrite: the new ones from ONNX's inference of each new node."""
+    """Every tensor's type after the rewrite: the new ones from ONNX's inference of each new node
+    (of unknown size where an input's size is unknown, as inference of the written model leaves
+    them)."""
     types = dict(analysis.shapes.types)
     for w in rewrite.weights:
         types[w.name] = TensorType(w.data_type, w.shape)
@@ -138,23 +149,22 @@ def _new_types(
     for node in rewrite.nodes:
         given = {}
         for name in node.input:
-            tt = types.get(name)
-            if tt is None or tt.shape is None:
-                raise ValueError(f"cannot price {rewrite.record.node!r}: {name!r} has no size")
+            tt = types.get(name) or TensorType(0, None)
             given[name] = make_tensor_type_proto(tt.elem_type, tt.shape)
         schema = onnx.defs.get_schema(node.op_type, versions.get(node.domain, 0), node.domain)
         data = {k: v for k, v in values.items() if k in given}
         found = node_output_types(schema, node, given, data, model.opset_import)
-        for out in node.output:
-            if out not in found or found[out].shape is None:
-                raise ValueError(f"cannot price {rewrite.record.node!r}: {out!r} has no size")
-            types[out] = found[out]
+        for out, tt in found.items():
+            if tt.elem_type or tt.shape is not None:  # else nothing is known of it, as before
+                types[out] = tt
     return types
 
 
 def _at_precision(analysis: Analysis, tt: TensorType) -> int:
     """A new tensor's bytes at the planned precision (graph/precision.py: never an input/output)."""
-    raw = shape_bytes(tt.shape or (), tt.elem_type)
+    if tt.shape is None:
+        return 0  # unknown size: 0 bytes, listed as unknown (graph/costs.py)
+    raw = shape_bytes(tt.shape, tt.elem_type)
     return raw // 2 if analysis.precision == "fp16" and tt.elem_type == TensorProto.FLOAT else raw
 
 

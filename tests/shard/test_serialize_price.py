@@ -1,7 +1,8 @@
 """A rewrite priced without writing it (shard/serialize_price.py) is the analysis of the rewrite
 written: on wide_head and the real gpt_decoder export (column pieces, the bottleneck rewrite), an
-embedding and a tiny GPT-2 export (row pieces, the too-big rewrite), at fp32 and fp16, the graph,
-every cost, the folding, the aliases and the plan are equal."""
+embedding and a tiny GPT-2 export (row pieces, the too-big rewrite), a MatMul behind a custom op
+(pieces of unknown size), at fp32 and fp16, the graph, every cost, the folding, the aliases and the
+plan are equal."""
 
 from __future__ import annotations
 
@@ -95,11 +96,29 @@ def _graph_facts(a: Analysis) -> dict[str, object]:
     }
 
 
+def _after_a_custom_op(tmp_path: Path) -> tuple[Path, PlanConfig]:
+    """x → a custom op no inference sizes → MatMul with a [64, 256] weight → Relu."""
+    w = numpy_helper.from_array(np.ones((64, 256), np.float32), "w")
+    nodes = [
+        helper.make_node("Mystery", ["x"], ["m"], name="/mystery", domain="com.example"),
+        helper.make_node("MatMul", ["m", "w"], ["h"], name="/proj/MatMul"),
+        helper.make_node("Relu", ["h"], ["y"], name="/relu"),
+    ]
+    graph = helper.make_graph(
+        nodes, "custom", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    return examples.save(model, tmp_path / "custom.onnx"), PlanConfig()
+
+
 CASES = {
     "wide_head": ("cpu", 4, [("MatMul_head", 4)]),
     "gpt_decoder": ("cpu", 8, [("/MatMul", 2)]),
     "embedding": ("ipu-mk2", 2, [("/embed/Gather", 3), ("/proj/MatMul", 2)]),
     "tiny_gpt2": ("ipu-mk2", 4, [("/m/transformer/wte/Gather", 3), ("/m/lm_head/MatMul", 2)]),
+    "after_a_custom_op": ("cpu", 2, [("/proj/MatMul", 2)]),
 }
 
 
@@ -113,6 +132,8 @@ def test_the_priced_rewrite_is_the_analysis_of_the_written_one(
         path, config = examples.save(examples.wide_head(), tmp_path / "wide.onnx"), PlanConfig()
     elif name == "embedding":
         path, config = _embedding(tmp_path)
+    elif name == "after_a_custom_op":
+        path, config = _after_a_custom_op(tmp_path)
     else:
         path, config = _export(name)
     config = replace(config, precision=precision)
