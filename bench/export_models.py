@@ -20,6 +20,10 @@ names that those five do not cover:
   modules (``bench/tiny_torch_models.py``, no transformers): Swin-style window attention whose
   ``Pad`` amounts are computed from the input size, a U-Net with self-attention over a 64×64
   latent, a GPT-2-style decoder, BERT. Only torch is needed for these four.
+- ``swin_t``, ``swin_v2_t``, ``maxvit_t`` (issue 36): torchvision's own ``SwinTransformer`` and
+  ``MaxVit`` classes with the real depths, window/partition sizes and a 224x224 input, at a reduced
+  width (embed_dim 16, MaxVit channels 8..64) so each stays a few MB; dynamic height and width, so
+  every window pad is computed from the input size as in the full-size exports. Needs torchvision.
 
 torch exports follow ``../shared/models/README.md``: TorchScript exporter (``dynamo=False``), opset
 17, eager attention, constant folding on, tiny configs of real architectures built from config
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import shutil
 import subprocess
@@ -388,6 +393,92 @@ def export_bert_encoder(path: Path) -> Entry:
 
 
 # ---------------------------------------------------------------------------------------------
+# torchvision's window-attention family (issue 36): the real classes at a reduced width
+
+
+_VISION_AXES = {"pixel_values": {0: "batch", 2: "height", 3: "width"}, "logits": {0: "batch"}}
+_REDUCED = "torchvision's own class at reduced width (the real depths, windows and 224x224 input)"
+
+
+def _torchvision_export(module: Any, path: Path, what: str, notes: str) -> Entry:
+    import torch
+    import torchvision
+
+    export_torch(
+        module, (torch.randn(1, 3, 224, 224),), path, ["pixel_values"], ["logits"], _VISION_AXES
+    )
+    return Entry(
+        how=torch_how("dynamic batch/height/width") + f", torchvision=={torchvision.__version__}",
+        source=f"{what}, torch.manual_seed(0)",
+        notes=notes,
+        ort_input_shapes={"pixel_values": [1, 3, 224, 224]},
+    )
+
+
+def _swin(v2: bool) -> Any:
+    """swin_t / swin_v2_t as torchvision builds them, embed_dim 16 (96 in the real ones)."""
+    import torch
+    from torchvision.models import swin_transformer as swin
+
+    torch.manual_seed(0)
+    extra = {"block": swin.SwinTransformerBlockV2, "downsample_layer": swin.PatchMergingV2}
+    return swin.SwinTransformer(
+        patch_size=[4, 4],
+        embed_dim=16,
+        depths=[2, 2, 6, 2],
+        num_heads=[1, 2, 4, 8],
+        window_size=[8, 8] if v2 else [7, 7],
+        stochastic_depth_prob=0.2,
+        num_classes=10,
+        **(extra if v2 else {}),
+    )
+
+
+_SWIN_NOTES = {
+    False: "swin_t's depths [2, 2, 6, 2], window 7, shifted windows, patch merging",
+    True: "swin_v2_t's depths [2, 2, 6, 2], window 8, SwinTransformerBlockV2 (cosine attention, "
+    "continuous position bias MLP), PatchMergingV2",
+}
+
+
+def export_swin(path: Path, *, v2: bool) -> Entry:
+    name = "swin_v2_t" if v2 else "swin_t"
+    return _torchvision_export(
+        _swin(v2=v2),
+        path,
+        f"torchvision.models.swin_transformer.SwinTransformer as {name}, {_REDUCED}",
+        f"{_SWIN_NOTES[v2]}, at embed_dim 16 (heads [1, 2, 4, 8]) instead of 96, 10 classes: every "
+        "window pad and shift mask is computed from the runtime height and width, each stage's from "
+        "the previous stage's padded output",
+    )
+
+
+def export_maxvit_t(path: Path) -> Entry:
+    import torch
+    from torchvision.models.maxvit import MaxVit
+
+    torch.manual_seed(0)
+    model = MaxVit(
+        input_size=(224, 224),
+        stem_channels=8,
+        partition_size=7,
+        block_channels=[8, 16, 32, 64],
+        block_layers=[2, 2, 5, 2],
+        head_dim=8,
+        stochastic_depth_prob=0.2,
+        num_classes=10,
+    )
+    return _torchvision_export(
+        model,
+        path,
+        f"torchvision.models.maxvit.MaxVit as maxvit_t, {_REDUCED}",
+        "maxvit_t's block layers [2, 2, 5, 2], partition 7 (block and grid attention), MBConv with "
+        "squeeze-excitation, at stem 8 and block channels [8, 16, 32, 64] (head_dim 8) instead of "
+        "64 and [64, 128, 256, 512] (head_dim 32), 10 classes",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # models shipped in PyPI wheels
 
 
@@ -508,6 +599,9 @@ BUILDERS: dict[str, Callable[[Path], Entry]] = {
     "unet_attn64": export_unet_attn64,
     "gpt_decoder": export_gpt_decoder,
     "bert_encoder": export_bert_encoder,
+    "swin_t": functools.partial(export_swin, v2=False),
+    "swin_v2_t": functools.partial(export_swin, v2=True),
+    "maxvit_t": export_maxvit_t,
 }
 
 

@@ -2,7 +2,9 @@
 in tests/data/models (at the manifest's input shapes) and the ``wide_head`` example, 4 and 8
 devices of ipu-mk2 and cpu, in process: the dearest splittable MatMul/Gemm's ``c(v)`` over the
 balanced share ``W / N``, the pieces ``bottleneck_pieces`` asks for, the first plan's bottleneck
-before and after, whether ``worth_keeping`` kept it, and what deciding cost (``serialize_s``).
+before, the floor no split in pieces beats, the first plan in pieces (when the floor lets one be
+made), whether ``worth_keeping`` kept it, and what deciding cost after the analysis
+(``serialize_bottleneck.decide``: pricing and plans; nothing is written).
 
     python bench/serialize_bottleneck.py
     python bench/serialize_bottleneck.py --devices 4 --models gpt_decoder --targets ipu-mk2
@@ -42,7 +44,8 @@ def _dearest_ratio(path: Path, config: object, target: object, devices: int) -> 
 def main() -> None:
     from sharderd import examples
     from sharderd.config import Config, PlanConfig
-    from sharderd.shard.serialize_bottleneck import serialize_for_devices
+    from sharderd.engine import analyze_file
+    from sharderd.shard.serialize_bottleneck import decide
 
     manifest = json.loads((MODELS / "manifest.json").read_text())
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -51,7 +54,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=[*sorted(manifest), "wide_head"])
     args = parser.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:  # wide_head's file only
         for name in args.models:
             if name == "wide_head":
                 path = examples.save(examples.wide_head(), Path(tmp) / "wide_head.onnx")
@@ -64,11 +67,11 @@ def main() -> None:
             for target_name in args.targets:
                 target = Config().target(target_name)
                 for devices in args.devices:
+                    analysis = analyze_file(path, plan_config)
                     t0 = time.perf_counter()
-                    work = Path(tmp) / f"{name}-{target_name}-{devices}"
-                    done = serialize_for_devices(path, plan_config, target, devices, work)
+                    done = decide(analysis, plan_config, target, devices)
                     spent = time.perf_counter() - t0
-                    pieces, before, after = done.tried or ({}, None, None)
+                    trial = done.trial
                     rows.append(
                         {
                             "model": name,
@@ -77,26 +80,30 @@ def main() -> None:
                             "dearest_over_share": _dearest_ratio(
                                 path, plan_config, target, devices
                             ),
-                            "pieces": pieces,
-                            "before_us": before and before * 1e6,
-                            "after_us": after and after * 1e6,
-                            "kept": any(r.reason == "bottleneck" for r in done.records),
-                            "serialize_s": spent,
+                            "pieces": {} if trial is None else {n: k for n, _, k in trial.pieces},
+                            "before_us": trial and trial.before_s * 1e6,
+                            "floor_us": trial and trial.floor_s * 1e6,
+                            "after_us": trial and trial.after_s and trial.after_s * 1e6,
+                            "kept": bool(trial and trial.kept),
+                            "decide_s": spent,
                         }
                     )
     print(
         "| model | target | N | dearest MatMul c(v) / (W/N) | pieces tried | bottleneck before µs "
-        "| after µs | kept | deciding s |"
+        "| floor in pieces µs | after µs | kept | deciding s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         tried = ", ".join(f"`{k}` × {v}" for k, v in r["pieces"].items()) or "–"
-        before = "–" if r["before_us"] is None else f"{r['before_us']:.1f}"
+        cells = [r[k] for k in ("before_us", "floor_us")]
+        before, floor = ("–" if x is None else f"{x:.1f}" for x in cells)
         after = "–" if r["after_us"] is None else f"{r['after_us']:.1f}"
+        if r["floor_us"] is not None and r["after_us"] is None:
+            after = "not planned"
         print(
             f"| {r['model']} | {r['target']} | {r['devices']} | {r['dearest_over_share']:.2f} "
-            f"| {tried} | {before} | {after} | {'yes' if r['kept'] else 'no'} "
-            f"| {r['serialize_s']:.2f} |"
+            f"| {tried} | {before} | {floor} | {after} | {'yes' if r['kept'] else 'no'} "
+            f"| {r['decide_s']:.2f} |"
         )
     OUT.mkdir(exist_ok=True)
     (OUT / "serialize_bottleneck.json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -75,22 +75,20 @@ def plan(
         PlanInfeasibleError: no split onto ``devices`` fits (exit code 3).
         ModelInvalidError, DimsUnresolvedError, ConfigError: bad model or arguments (exit code 2).
     """
-    from sharderd.engine import analyze_file, make_plan
+    from sharderd.engine import analyze_file
     from sharderd.report.build import plan_section
-    from sharderd.shard.serialize_bottleneck import serialized_for_plan
+    from sharderd.shard.serialize_bottleneck import planned
 
     cfg, target_name = _config(config, target, input_shapes, dims, batch_size, precision, serialize)
-    with (
-        _model_file(model, _IN_MEMORY_STEM) as path,
-        serialized_for_plan(path, cfg, target_name, devices) as chosen,
-    ):
-        analysis = chosen.analysis or analyze_file(chosen.path, cfg.plan)
-        planned = make_plan(analysis, cfg.target(target_name), devices, cfg.plan)
-    flow, stage_of = analysis.flow, planned.assignment
-    nodes: list[list[tuple[str, str]]] = [[] for _ in range(planned.devices)]
+    with _model_file(model, _IN_MEMORY_STEM) as path:
+        chosen, made = planned(
+            analyze_file(path, cfg.plan), cfg.plan, cfg.target(target_name), devices
+        )
+    flow, stage_of = chosen.analysis.flow, made.assignment
+    nodes: list[list[tuple[str, str]]] = [[] for _ in range(made.devices)]
     for i, (name, op) in enumerate(zip(flow.node_names, flow.op_types, strict=True)):
         nodes[int(stage_of[i])].append((name, op))
-    return plan_from_section(plan_section(planned, cfg.plan.batch_size), nodes)
+    return plan_from_section(plan_section(made, cfg.plan.batch_size), nodes)
 
 
 def shard(

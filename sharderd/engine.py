@@ -167,6 +167,8 @@ def annotated_model(
 ) -> tuple[onnx.ModelProto, tuple[RoutedInput, ...]]:
     """A copy of the model carrying the plan, at the planned input shapes (unless ``keep_dynamic``);
     the analysed proto stays untouched for re-planning."""
+    if analysis.priced:  # a caller bug: the rewrite must be written (serialize_node) first
+        raise SharderdError("internal error: a priced rewrite has no weights to write")
     model = onnx.ModelProto()
     model.CopyFrom(analysis.model)
     routed = annotate(model, analysis.flow, plan.assignment)

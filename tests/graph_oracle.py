@@ -10,7 +10,7 @@ inputs when it records a model's ORT output shapes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,14 @@ import onnxruntime as ort
 
 from sharderd.graph.flops import node_flops
 
-__all__ = ["Oracle", "exact_flops", "make_inputs", "run_oracle", "safe_index_bound"]
+__all__ = [
+    "Oracle",
+    "constant_outputs",
+    "exact_flops",
+    "make_inputs",
+    "run_oracle",
+    "safe_index_bound",
+]
 
 _MAX_INDEX = 1 << 16
 
@@ -91,14 +98,46 @@ def run_oracle(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> Oracle
     return Oracle(shapes, tuple(nodes))
 
 
-def exact_flops(oracle: Oracle) -> float:
-    """FLOPs of the run by sharderd's per-op formulas applied to the measured shapes."""
+def exact_flops(oracle: Oracle, folded: Collection[str] = ()) -> float:
+    """FLOPs of the run by sharderd's per-op formulas applied to the measured shapes, without the
+    nodes whose first output is in ``folded`` (constant expressions: ``constant_outputs``)."""
     total = 0.0
     for node in oracle.nodes:
+        if node.output and node.output[0] in folded:
+            continue
         ins = [oracle.shapes.get(name) if name else None for name in node.input]
         outs = [oracle.shapes.get(name) if name else None for name in node.output]
         total += node_flops(node, ins, outs).flops
     return total
+
+
+_NOT_CONSTANT = frozenset(
+    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial"}
+    | {"Bernoulli", "If", "Loop", "Scan", "SequenceConstruct", "SequenceEmpty"}
+)
+
+
+def constant_outputs(model: onnx.ModelProto, static: Collection[str]) -> list[str]:
+    """The first output of each top-level node computable at compile time, given the tensors
+    whose shapes are ``static``: every input it names is an initializer or a constant's output, or
+    it is Shape/Size of a static tensor. Written from the ONNX graph alone, independently of
+    sharderd's folding (nodes in file order, which exporters write topologically)."""
+    graph = model.graph
+    inputs = {i.name for i in graph.input}
+    constant = {t.name for t in graph.initializer if t.name not in inputs}
+    found = []
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type in _NOT_CONSTANT:
+            continue
+        named = [name for name in node.input if name]
+        if node.op_type in ("Shape", "Size"):
+            is_constant = bool(named) and named[0] in static
+        else:
+            is_constant = all(name in constant for name in named)
+        if is_constant:
+            constant.update(node.output)
+            found.append(node.output[0])
+    return found
 
 
 def _run_graph(

@@ -23,42 +23,42 @@ __all__ = ["main"]
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from sharderd.engine import analyze_file, make_auto_plan, make_plan
+    from sharderd.engine import analyze_file, make_auto_plan
     from sharderd.report.build import (
-        as_given,
         model_facts,
         plan_section,
         report_dict,
         serialized_section,
+        trial_section,
     )
     from sharderd.report.markdown import render_markdown
-    from sharderd.shard.serialize_bottleneck import serialized_for_plan
+    from sharderd.shard.serialize_bottleneck import planned
 
     config = config_from_args(args)
     devices, auto = device_request(args)
     target = config.target(args.target)
     started = time.perf_counter()
-    with serialized_for_plan(args.model, config, args.target, devices) as chosen:
-        analysis = chosen.analysis or analyze_file(chosen.path, config.plan)
-    serialized = chosen.records
+    analysis = analyze_file(args.model, config.plan)
     analyzed = time.perf_counter()
-    if auto:
+    chosen, plan = planned(analysis, config.plan, target, devices)
+    analysis, serialized = chosen.analysis, chosen.records
+    if auto:  # serialization is decided at the most devices allowed; the count is then the fewest
         plan = make_auto_plan(analysis, target, devices, config.plan)
-    else:
-        plan = make_plan(analysis, target, devices, config.plan)
     stage_of = dict(zip(analysis.flow.node_names, map(int, plan.assignment), strict=True))
-    model = model_facts(analysis)
-    if serialized:  # the report names the user's file, not the temporary serialized copy
-        model = as_given(model, args.model)
+    extra: dict[str, Any] = {}
+    if serialized:
+        extra["serialized"] = serialized_section(serialized, stage_of)
+    if chosen.trial is not None:
+        extra["serialization_tried"] = trial_section(chosen.trial)
     report = report_dict(
         timings_s={"load_and_analyze": analyzed - started, "plan": time.perf_counter() - analyzed},
-        model=model,
+        model=model_facts(analysis),
         warnings=analysis.warnings,
         target=target,
         plan=plan_section(plan, config.plan.batch_size),
         batch_size=config.plan.batch_size,
         status="planned",
-        extra={"serialized": serialized_section(serialized, stage_of)} if serialized else None,
+        extra=extra or None,
     )
     if args.json:
         print(json.dumps(report, indent=1))

@@ -48,6 +48,9 @@ class Analysis:
     alias_source: np.ndarray | None = None
     """int64 [T]: the input whose memory each tensor takes over (a view, an in-place op), or -1
     (``graph/buffers.py``; None: every tensor has memory of its own)."""
+    priced: bool = False
+    """The analysis of a rewrite into pieces that was priced, not written
+    (``shard.serialize_price``): its model has no weight values, so it is planned, never written."""
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -140,6 +143,7 @@ def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
         batch_size=config.batch_size,
         dims=config.dims,
         input_shapes=config.input_shapes,
+        order=flow.topo_order.tolist(),
     )
     if shapes.unresolved:
         raise unresolved_dims_error(shapes.unresolved)
@@ -167,6 +171,12 @@ def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
         warnings.append(
             f"{len(costs.unknown_tensors)} activation tensor(s) of unknown size count as 0 bytes: {shown}"
         )
+        for stop in shapes.stops[:5]:
+            warnings.append(
+                f"sizes stop being known at {stop.op_type} node {stop.node!r}: {stop.why}"
+            )
+        if len(shapes.stops) > 5:
+            warnings.append(f"{len(shapes.stops) - 5} more node(s) where sizes stop being known")
     if costs.default_cost_ops:
         shown = ", ".join(f"{op} ×{n}" for op, n in sorted(costs.default_cost_ops.items()))
         warnings.append(f"ops costed with the default rule (1 FLOP per output element): {shown}")

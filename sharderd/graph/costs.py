@@ -6,7 +6,7 @@ shape stays unknown cost 0 bytes and are listed, so the report can say what the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +19,7 @@ from sharderd.graph.flops import node_flops
 from sharderd.graph.shapes import TensorType
 from sharderd.graph.tensors import shape_bytes
 
-__all__ = ["MAX_TENSOR_BYTES", "GraphCosts", "compute_costs", "scalar_constants"]
+__all__ = ["MAX_TENSOR_BYTES", "GraphCosts", "compute_costs", "node_flops_of", "scalar_constants"]
 
 MAX_TENSOR_BYTES = 2**50
 """A petabyte: anything larger is a corrupt or hostile shape, not a model."""
@@ -58,6 +58,16 @@ def compute_costs(
         (coster.node(node) for node in graph.node), dtype=np.float64, count=len(graph.node)
     )
     return GraphCosts(flops, tensor_bytes, tuple(unknown), coster.defaults, tuple(coster.notes))
+
+
+def node_flops_of(
+    nodes: Sequence[onnx.NodeProto], types: Mapping[str, TensorType]
+) -> tuple[np.ndarray, dict[str, int]]:
+    """FLOPs of ``nodes`` as ``compute_costs`` counts them (no Loop trip counts known), and the op
+    types among them costed with the default rule."""
+    coster = _Coster(types, {})
+    flops = np.fromiter((coster.node(n) for n in nodes), dtype=np.float64, count=len(nodes))
+    return flops, coster.defaults
 
 
 def _shape(types: Mapping[str, TensorType], name: str) -> tuple[int, ...] | None:

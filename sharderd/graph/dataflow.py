@@ -16,7 +16,7 @@ import onnx
 from sharderd.errors import ModelInvalidError
 from sharderd.graph.tensors import tensor_nbytes
 
-__all__ = ["Dataflow", "body_outer_references", "build_dataflow", "csr"]
+__all__ = ["Dataflow", "body_outer_references", "build_dataflow", "csr", "topological_order"]
 
 _GRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
@@ -250,7 +250,7 @@ def build_dataflow(graph: onnx.GraphProto) -> Dataflow:
     in_ptr, in_idx = csr(in_rows)
     out_ptr, out_idx = csr(out_rows)
     producer_arr = np.asarray(producer, dtype=np.int64)
-    order = _topological_order(len(nodes), in_rows, producer_arr, cons_rows, out_rows)
+    order = topological_order(len(nodes), in_rows, producer_arr, cons_rows, out_rows)
     if len(order) < len(nodes):
         placed = np.zeros(len(nodes), dtype=bool)
         placed[order] = True
@@ -285,7 +285,7 @@ def build_dataflow(graph: onnx.GraphProto) -> Dataflow:
     )
 
 
-def _topological_order(
+def topological_order(
     n: int,
     in_rows: list[list[int]],
     producer: np.ndarray,

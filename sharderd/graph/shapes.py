@@ -1,38 +1,42 @@
-"""Static shapes for every tensor: inputs fixed to the planned shapes, then values propagated.
+"""Static shapes for every tensor: inputs fixed to the planned shapes, then sizes settled.
 
 Inference runs on a copy of the graph whose weights are typed inputs (``propagate.inference_copy``),
-so a model with 1.9 GB of inline weights is neither serialised twice nor read.
+so a model with 1.9 GB of inline weights is neither serialised twice nor read. ONNX's inference and
+the constant expressions' values are driven to a fixed point (graph/fixed_point.py); only what that
+leaves unknown goes to onnxruntime's symbolic inference (graph/symbolic.py, with sympy), which
+bounds sizes that depend on the data. Where a size stays unknown, ``stops`` names the node that
+stops it and why (graph/shape_stops.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import onnx
-from onnx.helper import np_dtype_to_tensor_dtype
 
-from sharderd.graph.evaluate import constant_values, with_values
+from sharderd.graph.evaluate import with_values
+from sharderd.graph.fixed_point import settle_shapes
 from sharderd.graph.input_dims import UnresolvedDim, fix_input_dims, graph_inputs
 from sharderd.graph.propagate import (
     DataDependentShape,
-    Propagation,
     TensorType,
     inference_copy,
     propagate_shapes,
 )
-from sharderd.graph.tensors import tensor_nbytes
+from sharderd.graph.shape_stops import ShapeStop, shape_stops
 
 __all__ = [
     "DataDependentShape",
     "ShapeInfo",
+    "ShapeStop",
     "TensorType",
     "UnresolvedDim",
     "shape_info",
-    "type_only_copy",
 ]
 
-_STRIP_BYTES = 4096
+FIXED_POINT = "onnx+constants"
+"""``ShapeInfo.engine`` when ONNX's inference and the constants' values sized every tensor."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +49,15 @@ class ShapeInfo:
     unresolved: tuple[UnresolvedDim, ...]
     """Symbolic input dims nothing gave a value (the caller refuses to plan)."""
     engine: str
-    """Which shape inference produced ``types``."""
+    """What sized the tensors: ``onnx+constants`` (the fixed point), followed by
+    ``+onnxruntime-symbolic`` (or ``+onnx``, its fallback) when it left tensors unknown."""
     inference_error: str | None
     data_dependent: tuple[DataDependentShape, ...]
     notes: tuple[str, ...]
+    rounds: int = 0
+    """Rounds the fixed point took (``fixed_point.MAX_ROUNDS`` at most)."""
+    stops: tuple[ShapeStop, ...] = ()
+    """Where sizes stay unknown: the node that stops each, and why."""
 
     @property
     def unresolved_dims(self) -> tuple[str, ...]:
@@ -61,8 +70,10 @@ def shape_info(
     batch_size: int,
     dims: Mapping[str, int],
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    order: Sequence[int] | None = None,
 ) -> ShapeInfo:
-    """Shapes of every tensor at the planned input shapes; ``model`` is left untouched.
+    """Shapes of every tensor at the planned input shapes; ``model`` is left untouched. ``order``
+    is a topological order of its nodes (default: the file's).
 
     With dims left open, nothing is inferred: planning on unknown sizes is what this prevents.
     """
@@ -73,75 +84,29 @@ def shape_info(
     )
     if fixed.unresolved:
         return ShapeInfo({}, fixed.shapes, fixed.resolved, fixed.unresolved, "none", None, (), ())
-    result = propagate_shapes(light)
-    if _unknown(light.graph, result.types):
-        result = _with_constants_evaluated(light, result)
+    order = range(len(light.graph.node)) if order is None else order
+    settled = settle_shapes(light, order)
+    types, engine, error = settled.types, FIXED_POINT, None
+    data_dependent: tuple[DataDependentShape, ...] = ()
+    notes: tuple[str, ...] = ()
+    if settled.unknown:
+        symbolic = propagate_shapes(with_values(light, settled.values))
+        types = {**types}
+        for name, tt in symbolic.types.items():
+            if tt.shape is not None and (name not in types or types[name].shape is None):
+                types[name] = tt
+        engine, error = f"{FIXED_POINT}+{symbolic.engine}", symbolic.error
+        data_dependent, notes = symbolic.data_dependent, symbolic.notes
+    constants = {*settled.values, *(t.name for t in light.graph.initializer)}
     return ShapeInfo(
-        result.types,
+        types,
         fixed.shapes,
         fixed.resolved,
         (),
-        result.engine,
-        result.error,
-        result.data_dependent,
-        result.notes,
+        engine,
+        error,
+        data_dependent,
+        notes,
+        settled.rounds,
+        shape_stops(light.graph, order, types, constants),
     )
-
-
-def _unknown(graph: onnx.GraphProto, types: Mapping[str, TensorType]) -> int:
-    return sum(
-        1
-        for node in graph.node
-        for o in node.output
-        if o and (types.get(o) is None or types[o].shape is None)
-    )
-
-
-def _with_constants_evaluated(light: onnx.ModelProto, first: Propagation) -> Propagation:
-    """Infer again with the constant expressions' values as initializers (graph/evaluate.py); keep
-    whichever result leaves fewer tensors unknown."""
-    opset = next((o.version for o in light.opset_import if o.domain in ("", "ai.onnx")), 0)
-    values = constant_values(light.graph, first.types, opset)
-    if not values:
-        return first
-    again = propagate_shapes(with_values(light, values))
-    types = dict(again.types)
-    for name, value in values.items():
-        types[name] = TensorType(np_dtype_to_tensor_dtype(value.dtype), tuple(value.shape))
-    if _unknown(light.graph, types) >= _unknown(light.graph, first.types):
-        return first
-    return replace(again, types=types)
-
-
-def type_only_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy for inference: big initializers become dims + dtype stubs (inference needs no values).
-
-    The source is never touched, and no weight bytes are copied or measured (``ByteSize`` on a
-    model with 2 GB of inline weights costs seconds).
-    """
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
-    source, graph = model.graph, light.graph
-    graph.name = source.name
-    graph.node.extend(source.node)
-    graph.input.extend(source.input)
-    graph.output.extend(source.output)
-    graph.value_info.extend(source.value_info)
-    graph.sparse_initializer.extend(source.sparse_initializer)
-    for tensor in source.initializer:
-        if (
-            tensor.data_location == onnx.TensorProto.EXTERNAL
-            or tensor_nbytes(tensor) <= _STRIP_BYTES
-        ):
-            graph.initializer.append(tensor)  # small values (Reshape targets) feed data propagation
-            continue
-        stub = graph.initializer.add()
-        stub.name = tensor.name
-        stub.data_type = tensor.data_type
-        stub.dims.extend(tensor.dims)
-        stub.data_location = onnx.TensorProto.EXTERNAL
-        entry = stub.external_data.add()
-        entry.key, entry.value = "location", "__sharderd_stripped__"
-    return light

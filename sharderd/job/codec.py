@@ -24,6 +24,7 @@ from sharderd.plan.types import BottleneckHolder, CutTensor, Plan, StageCost
 
 if TYPE_CHECKING:  # the engine (onnx) loads only where a plan is written or read back
     from sharderd.engine import ShardFiles
+    from sharderd.plan.serialize_choice import BottleneckTrial
     from sharderd.shard.serialize import Serialized
 
 __all__ = [
@@ -63,6 +64,8 @@ class ModelSummary:
     """Seconds to load and analyse the model."""
     serialized: tuple[Serialized, ...] = ()
     """The nodes rewritten into pieces before analysis (``shard.serialize_bottleneck``)."""
+    trial: BottleneckTrial | None = None
+    """The rewrite for the bottleneck that was priced, kept or not."""
 
 
 def encode_summary(summary: ModelSummary) -> dict[str, Any]:
@@ -86,6 +89,7 @@ def decode_summary(data: Mapping[str, Any]) -> ModelSummary:
     shapes = {str(k): tuple(int(d) for d in v) for k, v in dict(data["input_shapes"]).items()}
     warnings = tuple(str(w) for w in data["warnings"])
     serialized = tuple(_serialized(r) for r in data.get("serialized", ()))
+    trial = data.get("trial")
     return ModelSummary(
         dict(data["facts"]),
         warnings,
@@ -93,6 +97,22 @@ def decode_summary(data: Mapping[str, Any]) -> ModelSummary:
         shapes,
         float(data["analyze_s"]),
         serialized,
+        None if trial is None else _trial(trial),
+    )
+
+
+def _trial(data: Mapping[str, Any]) -> BottleneckTrial:
+    from sharderd.plan.serialize_choice import BottleneckTrial
+
+    pieces = tuple((str(n), str(op), int(k)) for n, op, k in data["pieces"])
+    after = data["after_s"]
+    return BottleneckTrial(
+        pieces,
+        float(data["before_s"]),
+        float(data["floor_s"]),
+        bool(data["planned"]),
+        None if after is None else float(after),
+        bool(data["kept"]),
     )
 
 

@@ -36,7 +36,13 @@ from sharderd.job.session import (
     WorkerSession,
 )
 from sharderd.report.attempts import attempt_dict
-from sharderd.report.build import as_given, plan_section, report_dict, serialized_section
+from sharderd.report.build import (
+    as_given,
+    plan_section,
+    report_dict,
+    serialized_section,
+    trial_section,
+)
 from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
 from sharderd.shard.serialize import Serialized
@@ -262,6 +268,8 @@ async def shard_job(
     if serialized:
         stages = piece_stages(final.files.model)
         extra["serialized"] = serialized_section(serialized, stages)
+    if summary.trial is not None:
+        extra["serialization_tried"] = trial_section(summary.trial)
     report = report_dict(
         model=summary.facts,
         warnings=list(summary.warnings),

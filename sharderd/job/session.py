@@ -35,6 +35,7 @@ from sharderd.job.codec import (
     decode_summary,
 )
 from sharderd.plan.content import ContentCorrection
+from sharderd.plan.serialize_choice import BottleneckTrial
 from sharderd.report.build import model_facts
 from sharderd.shard.serialize import Serialized
 from sharderd.target import Target
@@ -114,6 +115,7 @@ class PlanService:
         self.serialize = serialize
         self._analysis: Analysis | None = None
         self._serialized: tuple[Serialized, ...] = ()
+        self._trial: BottleneckTrial | None = None
         self._analyze_s = 0.0
 
     @property
@@ -134,8 +136,8 @@ class PlanService:
                     self.serialize.devices,
                     Path(self.serialize.work_dir),
                 )
-                self._serialized = done.records
-                self._analysis = done.analysis or analyze_file(done.path, self.plan_config)
+                self._serialized, self._trial = done.records, done.trial
+                self._analysis = done.analysis
             self._analyze_s = time.perf_counter() - started
         return self._analysis
 
@@ -149,6 +151,7 @@ class PlanService:
             shapes,
             self._analyze_s,
             self._serialized,
+            self._trial,
         )
 
     def plan(self, request: PlanRequest) -> Planned:

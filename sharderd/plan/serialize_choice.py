@@ -18,16 +18,18 @@ other node. Otherwise the user's graph stays as it is: serialization is an optio
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
-
-from sharderd.plan.perf import PERF_BAND
 
 __all__ = [
     "BOTTLENECK_GAIN",
     "PIECE_SHARE",
+    "BottleneckTrial",
+    "JoinInputs",
     "bottleneck_pieces",
     "choose_pieces",
+    "floor_in_pieces",
     "worth_keeping",
 ]
 
@@ -52,12 +54,15 @@ def choose_pieces(
     return chosen
 
 
-BOTTLENECK_GAIN = 1 - PERF_BAND
+BOTTLENECK_GAIN = 0.10
 """How much lower (10%) the predicted bottleneck must be before a node serialized for speed is
-kept. The cost model's error between two splits of one model is of that order (the same band as
-``search.PERF_BAND`` for ``--optimal-perf``), and the rewrite's own costs (a ``Concat``, the input
-copied to every piece's stage) are priced as roughly; a smaller predicted gain is a coin toss, not
-worth changing the user's graph."""
+kept. A policy, not a measured error: the rewrite changes the user's graph (k nodes and a
+``Concat`` in place of one, its weight sliced into a new file, every compile of a different model),
+so it is made only for a throughput gain a user would notice, and not for one the size of what the
+cost model leaves out: each piece is priced at the whole op's FLOP rate, though a narrower matmul
+runs at a lower share of the device's peak (on onnxruntime's CPU, the one head measured both ways
+ran 13% faster where 34% was predicted: BENCHMARKS.md, "Serializing a node"). Independent of
+``plan.perf.PERF_BAND``, which bounds what ``--optimal-perf`` compiles."""
 
 
 def bottleneck_pieces(
@@ -86,3 +91,41 @@ def bottleneck_pieces(
 def worth_keeping(before_s: float, after_s: float) -> bool:
     """The serialized plan's bottleneck is lower by more than ``BOTTLENECK_GAIN``."""
     return after_s < before_s * (1 - BOTTLENECK_GAIN)
+
+
+@dataclass(frozen=True, slots=True)
+class BottleneckTrial:
+    """A rewrite for the bottleneck that was priced: the nodes and pieces, the first plan's
+    predicted bottleneck whole, the floor no split of the graph in pieces beats
+    (``floor_in_pieces``), the first plan in pieces when one was made, and whether it was kept."""
+
+    pieces: tuple[tuple[str, str, int], ...]
+    """(node, op, pieces) of each node cut."""
+    before_s: float
+    floor_s: float
+    planned: bool
+    """False when the floor already ruled the rewrite out (``worth_keeping(before_s, floor_s)``
+    is false): no plan in pieces was made."""
+    after_s: float | None
+    """The first plan's bottleneck in pieces; None when not planned or no split fits."""
+    kept: bool
+
+
+JoinInputs = tuple[int, np.ndarray, np.ndarray]
+"""A joining node, the nodes producing its inputs, and those inputs' bytes."""
+
+
+def floor_in_pieces(
+    node_s: np.ndarray, link_bytes_per_s: float, lower_bound_s: float, joins: list[JoinInputs]
+) -> float:
+    """No split of a graph in pieces has a slowest stage under this: its lower bound
+    (``bounds.lower_bound_all_splits``), or the stage of a joining node (the ``Concat`` of column
+    pieces). That stage runs the join, and for each piece either runs it too or receives its output
+    over a link: at least ``c(join) + sum over pieces of min(c(piece), bytes / link)``.
+    ``node_s`` is ``c(v)`` (``bounds.node_work``); each join is (its node, its inputs' producer
+    nodes and bytes)."""
+    floor = lower_bound_s
+    for join, producers, sizes in joins:
+        each = np.minimum(node_s[producers], np.asarray(sizes, dtype=np.float64) / link_bytes_per_s)
+        floor = max(floor, float(node_s[join] + each.sum()))
+    return floor

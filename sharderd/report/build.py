@@ -16,6 +16,7 @@ from sharderd import __version__
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.fewest import THROUGHPUT_BAND
 from sharderd.plan.probe import SERIAL_MODE
+from sharderd.plan.serialize_choice import BottleneckTrial
 from sharderd.plan.types import BottleneckHolder, Plan
 from sharderd.shard.annotate import RoutedInput
 from sharderd.shard.serialize import Serialized
@@ -30,6 +31,7 @@ __all__ = [
     "report_dict",
     "serialization_list",
     "target_facts",
+    "trial_section",
 ]
 
 SCHEMA = "sharderd.report/2"
@@ -86,6 +88,8 @@ def model_facts(analysis: Analysis) -> dict[str, Any]:
         "unknown_tensors": list(analysis.costs.unknown_tensors[:50]),
         "input_shapes": {k: list(v) for k, v in analysis.shapes.input_shapes.items()},
         "shape_inference": analysis.shapes.engine,
+        "shape_rounds": analysis.shapes.rounds,
+        "shape_stops": [asdict(s) for s in analysis.shapes.stops],
         "data_dependent_shapes": [asdict(d) for d in analysis.shapes.data_dependent],
         "precision": analysis.precision,
         "source_precision": analysis.source_precision,
@@ -239,6 +243,23 @@ def serialized_section(
             "bottleneck_after_s": None if r.bottleneck_s is None else r.bottleneck_s[1],
         }
         for r in records
+    ]
+
+
+def trial_section(trial: BottleneckTrial) -> list[dict[str, Any]]:
+    """``report["serialization_tried"]``: the rewrite for the bottleneck that was priced, kept or
+    not: each node and its pieces, the first plan's predicted bottleneck whole, the floor no split
+    in pieces beats, whether a plan in pieces was made (not when the floor already rules the
+    rewrite out) and its bottleneck (None: not made, or no split fits), and whether it was kept."""
+    return [
+        {
+            "nodes": [{"node": n, "op": op, "pieces": k} for n, op, k in trial.pieces],
+            "bottleneck_before_s": trial.before_s,
+            "after_lower_bound_s": trial.floor_s,
+            "after_planned": trial.planned,
+            "bottleneck_after_s": trial.after_s,
+            "kept": trial.kept,
+        }
     ]
 
 

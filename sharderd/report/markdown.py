@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sharderd.plan.serialize_choice import BOTTLENECK_GAIN
 from sharderd.report.build import nodes_phrase
 from sharderd.report.measured import measurement, shares, status_label
 from sharderd.units import fmt_bytes, fmt_flops, fmt_seconds
@@ -163,6 +164,24 @@ def _why_serialized(s: Mapping[str, Any]) -> str:
     )
 
 
+def _trial_words(t: Mapping[str, Any]) -> str:
+    """A bottleneck rewrite that was priced and not kept, in words."""
+    cut = ", ".join(f"`{n['node']}` into {n['pieces']}" for n in t["nodes"])
+    after = t["bottleneck_after_s"]
+    if not t.get("after_planned", True):
+        floor = fmt_seconds(t["after_lower_bound_s"])
+        priced = f"at least {floor} in pieces (no split beats that floor, so none was planned)"
+    elif after is None:
+        priced = "no split in pieces fits"
+    else:
+        priced = f"{fmt_seconds(after)} predicted in pieces"
+    return (
+        f"not serialized: cutting {cut} for the bottleneck was priced: {priced}, against "
+        f"{fmt_seconds(t['bottleneck_before_s'])} whole (kept only when more than "
+        f"{BOTTLENECK_GAIN:.0%} lower)"
+    )
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     model, target, plan = report["model"], report["target"], report["plan"]
     lines = [
@@ -189,6 +208,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             f"- serialized `{s['node']}` ({s['op']}, {_why_serialized(s)}) into {s['pieces']} "
             f"pieces by {s['kind']}, on stages {sorted(set(x for x in s['stages'] if x is not None))}"
         )
+    for t in report.get("serialization_tried") or ():
+        if not t["kept"]:
+            lines.append(f"- {_trial_words(t)}")
     if plan is not None:
         lines += [
             "",

@@ -9,16 +9,16 @@
   by columns ``[lo, hi)`` of the weight (rows when ``transB``; the bias sliced the same way when it
   has the output's width) and the pieces' outputs are concatenated on the last axis (``Concat``).
 
-Weights are read through ``numpy.memmap`` of the original external data file (or from the inline
-tensor) and written a bounded chunk at a time, so a table larger than memory is never loaded at
-once. Pieces over ``inline_limit`` bytes go to an external data file; smaller ones stay inline.
+``rewrite_of`` is the rewrite without a weight byte (``serialize_price`` prices it); ``serialize_node``
+writes it, reading weights through ``numpy.memmap`` of the external data file (or the inline tensor)
+a bounded chunk at a time into an external data file (pieces up to ``inline_limit`` stay inline).
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -29,10 +29,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 __all__ = [
     "SPLIT_OPS",
+    "PieceWeight",
+    "Rewrite",
     "SerializeError",
     "Serialized",
     "WeightRows",
     "max_pieces",
+    "rewrite_of",
     "serialize_node",
     "splittable",
     "weight_input",
@@ -72,11 +75,15 @@ SPLIT_OPS = frozenset({"Gather", "MatMul", "Gemm"})
 """The ops ``splittable`` can take at all (the rest are never looked at)."""
 
 
-def splittable(model: onnx.ModelProto, node: onnx.NodeProto) -> Literal["rows", "columns"] | None:
-    """The kind of rewrite ``serialize_node`` can apply to ``node``, or None."""
+def splittable(
+    model: onnx.ModelProto,
+    node: onnx.NodeProto,
+    inits: Mapping[str, TensorProto] | None = None,
+) -> Literal["rows", "columns"] | None:
+    """The kind of rewrite ``serialize_node`` can apply to ``node`` (``inits``: by name), or None."""
     if node.op_type not in SPLIT_OPS:
         return None
-    inits = _initializers(model)
+    inits = _initializers(model) if inits is None else inits
     if node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in inits:
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
         dims = inits[node.input[0]].dims
@@ -175,6 +182,65 @@ def _row_chunks(
         yield zero[:, cols] if zero.ndim > 1 else zero
 
 
+@dataclass(frozen=True, slots=True)
+class PieceWeight:
+    """One initializer a rewrite adds: its name, shape and type, and where its values come from."""
+
+    name: str
+    shape: tuple[int, ...]
+    data_type: int
+    kind: Literal["slice", "bias", "scalar"]
+    """``slice``: rows ``rows`` (and columns ``cols``) of initializer ``source``, plus a zero row
+    when ``zero_row``, streamed; ``bias``: the last axis of ``source`` cut to ``cols``, inline;
+    ``scalar``: ``value``."""
+    source: str = ""
+    rows: tuple[int, int] = (0, 0)
+    cols: tuple[int, int] | None = None
+    zero_row: bool = False
+    value: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """What ``serialize_node`` does to the graph, known before any weight byte is read: the nodes
+    that replace the one at ``position`` (the last one writes its output), the initializers they
+    add, and the original weight, dropped when nothing else reads it."""
+
+    position: int
+    nodes: tuple[onnx.NodeProto, ...]
+    weights: tuple[PieceWeight, ...]
+    record: Serialized
+    dropped: str | None
+
+
+def rewrite_of(
+    model: onnx.ModelProto, node_name: str, pieces: int, *, index_type: int | None = None
+) -> Rewrite:
+    """How ``serialize_node`` cuts ``node_name`` into ``pieces`` (see module doc); reads shapes and
+    types only. ``index_type``: the element type of a Gather's indices, when the caller knows it."""
+    position = next((i for i, n in enumerate(model.graph.node) if n.name == node_name), None)
+    if position is None:
+        raise SerializeError(f"no node named {node_name!r}")
+    node = model.graph.node[position]
+    kind = splittable(model, node)
+    if kind is None:
+        raise SerializeError(f"node {node_name!r} ({node.op_type}) cannot be serialized")
+    inits = _initializers(model)
+    weight = inits[weight_input(node, kind)]
+    size = max_pieces(node, kind, weight)
+    if not 2 <= pieces <= size:
+        raise SerializeError(f"cannot split {size} {kind} into {pieces} pieces")
+    if kind == "rows":
+        index = _index_type(model, node.input[1]) if index_type is None else index_type
+        nodes, weights, piece_nodes = _rows(node, weight, _bounds(size, pieces), index)
+    else:
+        nodes, weights, piece_nodes = _columns(node, weight, _bounds(size, pieces), inits)
+    others = (n for n in (*model.graph.node, *nodes) if n is not node)
+    dropped = None if any(weight.name in n.input for n in others) else weight.name
+    record = Serialized(node_name, node.op_type, kind, pieces, tuple(piece_nodes))
+    return Rewrite(position, tuple(nodes), tuple(weights), record, dropped)
+
+
 def serialize_node(
     model: onnx.ModelProto,
     node_name: str,
@@ -190,33 +256,39 @@ def serialize_node(
     over ``inline_limit`` bytes are written to (None: all inline). The original weight is dropped
     when no other node uses it.
     """
+    rewrite = rewrite_of(model, node_name, pieces)
     out = copy.deepcopy(model)
-    position = next((i for i, n in enumerate(out.graph.node) if n.name == node_name), None)
-    if position is None:
-        raise SerializeError(f"no node named {node_name!r}")
-    node = out.graph.node[position]
-    kind = splittable(out, node)
-    if kind is None:
-        raise SerializeError(f"node {node_name!r} ({node.op_type}) cannot be serialized")
-    weight = _initializers(out)[weight_input(node, kind)]
-    size = max_pieces(node, kind, weight)
-    if not 2 <= pieces <= size:
-        raise SerializeError(f"cannot split {size} {kind} into {pieces} pieces")
     sink = _Sink(data_path, inline_limit)
-    build = _rows if kind == "rows" else _columns
-    nodes, inits, piece_nodes = build(out, node, weight, _bounds(size, pieces), sink, base_dir)
-    del out.graph.node[position]
-    for offset, new in enumerate(nodes):
-        out.graph.node.insert(position + offset, new)
-    out.graph.initializer.extend(inits)
-    used = {name for n in out.graph.node for name in n.input}
-    if weight.name not in used:
-        out.graph.initializer.remove(weight)
-    return out, Serialized(node_name, node.op_type, kind, pieces, tuple(piece_nodes))
+    inits = _initializers(out)
+    out.graph.initializer.extend(_filled(w, inits, base_dir, sink) for w in rewrite.weights)
+    del out.graph.node[rewrite.position]
+    for offset, new in enumerate(rewrite.nodes):
+        out.graph.node.insert(rewrite.position + offset, new)
+    if rewrite.dropped is not None:
+        out.graph.initializer.remove(inits[rewrite.dropped])
+    return out, rewrite.record
 
 
-_Pieces = tuple[list[onnx.NodeProto], list[TensorProto], list[str]]
-"""The nodes replacing the original, the new initializers, the names of the weight-holding nodes."""
+def _filled(
+    spec: PieceWeight, inits: dict[str, TensorProto], base_dir: Path, sink: _Sink
+) -> TensorProto:
+    """The initializer ``spec`` describes, its values read from the model (a bounded chunk of a
+    slice at a time) and written through ``sink``."""
+    if spec.kind == "scalar":
+        return _scalar(spec.name, spec.value, spec.data_type)
+    source = weight_view(inits[spec.source], base_dir)
+    if spec.kind == "bias":
+        values = source.rows(0, source.shape[0]) if source.shape else np.array(source.inline)
+        assert spec.cols is not None
+        lo, hi = spec.cols
+        return numpy_helper.from_array(np.ascontiguousarray(values[..., lo:hi]), spec.name)
+    cols = slice(None) if spec.cols is None else slice(*spec.cols)
+    chunks = _row_chunks(source, range(*spec.rows), cols, extra_zero_row=spec.zero_row)
+    return sink.tensor(spec.name, spec.shape, source.dtype, chunks)
+
+
+_Pieces = tuple[list[onnx.NodeProto], list[PieceWeight], list[str]]
+"""The nodes replacing the original, the initializers they add, the weight-holding nodes' names."""
 
 
 def weight_input(node: onnx.NodeProto, kind: str) -> str:
@@ -241,28 +313,24 @@ def _scalar(name: str, value: int, like: TensorProto | int) -> TensorProto:
 
 
 def _rows(
-    model: onnx.ModelProto,
-    node: onnx.NodeProto,
-    table: TensorProto,
-    bounds: list[tuple[int, int]],
-    sink: _Sink,
-    base_dir: Path,
+    node: onnx.NodeProto, table: TensorProto, bounds: list[tuple[int, int]], index_type: int
 ) -> _Pieces:
     name, (_, indices), output = node.name, node.input, node.output[0]
-    source = weight_view(table, base_dir)
-    index_type = _index_type(model, indices)
+    rest = tuple(int(d) for d in table.dims[1:])
     vocab = f"{name}/serialize/vocab"
-    inits = [_scalar(vocab, int(table.dims[0]), index_type)]
+    weights = [PieceWeight(vocab, (), index_type, "scalar", value=int(table.dims[0]))]
     normal = f"{name}/serialize/indices"
     nodes = [helper.make_node("Mod", [indices, vocab], [normal], name=f"{name}/serialize/Mod")]
     partials, piece_nodes = [], []
     for i, (lo, hi) in enumerate(bounds):
         p = f"{name}/piece{i}"
-        cols = slice(None)
-        inits.append(sink.tensor(f"{table.name}/rows{lo}_{hi}", (hi - lo + 1, *source.shape[1:]), source.dtype,
-                                 _row_chunks(source, range(lo, hi), cols, extra_zero_row=True)))  # fmt: skip
-        inits += [_scalar(f"{p}/lo", lo, index_type), _scalar(f"{p}/size", hi - lo, index_type),
-                  _scalar(f"{p}/zero", 0, index_type)]  # fmt: skip
+        rows = f"{table.name}/rows{lo}_{hi}"
+        weights += [
+            PieceWeight(rows, (hi - lo + 1, *rest), table.data_type, "slice", table.name, (lo, hi), zero_row=True),
+            PieceWeight(f"{p}/lo", (), index_type, "scalar", value=lo),
+            PieceWeight(f"{p}/size", (), index_type, "scalar", value=hi - lo),
+            PieceWeight(f"{p}/zero", (), index_type, "scalar", value=0),
+        ]  # fmt: skip
         nodes += [
             helper.make_node("Sub", [normal, f"{p}/lo"], [f"{p}/shifted"], name=f"{p}/Sub"),
             helper.make_node("Less", [f"{p}/shifted", f"{p}/zero"], [f"{p}/below"], name=f"{p}/Less"),
@@ -270,12 +338,12 @@ def _rows(
             helper.make_node("Not", [f"{p}/below"], [f"{p}/above"], name=f"{p}/Not"),
             helper.make_node("And", [f"{p}/above", f"{p}/under"], [f"{p}/inside"], name=f"{p}/And"),
             helper.make_node("Where", [f"{p}/inside", f"{p}/shifted", f"{p}/size"], [f"{p}/local"], name=f"{p}/Where"),
-            helper.make_node("Gather", [inits[-4].name, f"{p}/local"], [f"{p}/rows"], name=f"{p}/Gather", axis=0),
+            helper.make_node("Gather", [rows, f"{p}/local"], [f"{p}/rows"], name=f"{p}/Gather", axis=0),
         ]  # fmt: skip
         partials.append(f"{p}/rows")
         piece_nodes.append(f"{p}/Gather")
     nodes.append(helper.make_node("Sum", partials, [output], name=f"{name}/serialize/Sum"))
-    return nodes, inits, piece_nodes
+    return nodes, weights, piece_nodes
 
 
 def _index_type(model: onnx.ModelProto, indices: str) -> int:
@@ -291,48 +359,35 @@ def _index_type(model: onnx.ModelProto, indices: str) -> int:
 
 
 def _columns(
-    model: onnx.ModelProto,
     node: onnx.NodeProto,
     weight: TensorProto,
     bounds: list[tuple[int, int]],
-    sink: _Sink,
-    base_dir: Path,
+    inits: dict[str, TensorProto],
 ) -> _Pieces:
     name, output = node.name, node.output[0]
     trans = trans_b(node)
-    source = weight_view(weight, base_dir)
-    inits_by_name = _initializers(model)
-    bias = (
-        inits_by_name.get(node.input[2]) if node.op_type == "Gemm" and len(node.input) > 2 else None
-    )
-    bias_values = None
-    if bias is not None:
-        whole = weight_view(bias, base_dir)
-        bias_values = whole.rows(0, whole.shape[0]) if whole.shape else np.array(whole.inline)
-    width = source.shape[0] if trans else source.shape[1]
-    nodes, inits, outs, piece_nodes = [], [], [], []
+    shape = tuple(int(d) for d in weight.dims)
+    bias = inits.get(node.input[2]) if node.op_type == "Gemm" and len(node.input) > 2 else None
+    width = shape[0] if trans else shape[1]
+    cut_bias = bias is not None and len(bias.dims) >= 1 and bias.dims[-1] == width and width > 1
+    nodes, weights, outs, piece_nodes = [], [], [], []
     for i, (lo, hi) in enumerate(bounds):
         p = f"{name}/piece{i}"
         if trans:
-            chunks = _row_chunks(source, range(lo, hi), slice(None), extra_zero_row=False)
-            shape = (hi - lo, source.shape[1])
+            piece = PieceWeight(f"{weight.name}/cols{lo}_{hi}", (hi - lo, shape[1]),
+                                weight.data_type, "slice", weight.name, (lo, hi))  # fmt: skip
         else:
-            chunks = _row_chunks(
-                source, range(0, source.shape[0]), slice(lo, hi), extra_zero_row=False
-            )
-            shape = (source.shape[0], hi - lo)
-        piece_weight = sink.tensor(f"{weight.name}/cols{lo}_{hi}", shape, source.dtype, chunks)
-        inits.append(piece_weight)
-        inputs = [node.input[0], piece_weight.name]
-        if bias is not None and bias_values is not None:
-            if bias_values.ndim >= 1 and bias_values.shape[-1] == width and width > 1:
-                piece_bias = numpy_helper.from_array(
-                    np.ascontiguousarray(bias_values[..., lo:hi]), f"{bias.name}/cols{lo}_{hi}"
-                )
-                inits.append(piece_bias)
-                inputs.append(piece_bias.name)
-            else:
-                inputs.append(node.input[2])
+            piece = PieceWeight(f"{weight.name}/cols{lo}_{hi}", (shape[0], hi - lo),
+                                weight.data_type, "slice", weight.name, (0, shape[0]), (lo, hi))  # fmt: skip
+        weights.append(piece)
+        inputs = [node.input[0], piece.name]
+        if bias is not None and cut_bias:
+            dims = (*(int(d) for d in bias.dims[:-1]), hi - lo)
+            weights.append(PieceWeight(f"{bias.name}/cols{lo}_{hi}", dims, bias.data_type,
+                                       "bias", bias.name, cols=(lo, hi)))  # fmt: skip
+            inputs.append(weights[-1].name)
+        elif bias is not None:
+            inputs.append(node.input[2])
         new = helper.make_node(node.op_type, inputs, [f"{p}/out"], name=f"{p}/{node.op_type}")
         new.attribute.extend(node.attribute)
         nodes.append(new)
@@ -341,9 +396,4 @@ def _columns(
     nodes.append(
         helper.make_node("Concat", outs, [output], name=f"{name}/serialize/Concat", axis=-1)
     )
-    return nodes, inits, piece_nodes
-
-
-def data_file_for(model_path: Path) -> Path:
-    """The data file sliced weights are written to, next to the model."""
-    return model_path.with_name(f"{model_path.stem}.serialized.data")
+    return nodes, weights, piece_nodes

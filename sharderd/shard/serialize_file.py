@@ -1,11 +1,11 @@
-"""Serialize a model file's too-big nodes before planning (``serialize_bottleneck`` calls this first,
-then adds the nodes that hold the bottleneck up): the one change to the user's graph.
+"""The nodes too big for one device, and a shard's copy of the model with them cut into pieces.
 
-``serialize_file`` reads the model without its weights (no analysis: the splittable nodes' weights
-are their initializer inputs, so a model with none too big costs one load), asks ``plan.serialize_choice`` which nodes
-no split can hold whole, rewrites each with ``shard.serialize`` and writes the result under a work
-directory, next to links to the original external data (never copies). With nothing to serialize
-it returns the original path and no records.
+``too_big_pieces`` reads the model without its weights (no analysis: the splittable nodes' weights
+are their initializer inputs) and asks ``plan.serialize_choice`` which nodes no split can hold
+whole. ``sharderd plan`` prices those rewrites (``serialize_bottleneck.decide``); a shard keeps
+every one, so ``serialize_file`` writes them before the model is analysed: it rewrites each with
+``shard.serialize`` under a work directory, next to links to the original external data (never
+copies). With nothing to serialize it returns the original path and no records.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from sharderd.shard.serialize import (
 from sharderd.shard.write import copy_external_data, write_model
 from sharderd.target import Target
 
-__all__ = ["serialize_file"]
+__all__ = ["serialize_file", "too_big_pieces"]
 
 
 def serialize_file(
@@ -36,32 +36,36 @@ def serialize_file(
 ) -> tuple[Path, tuple[Serialized, ...]]:
     """The path to plan (the serialized copy, or ``path`` itself) and what was serialized."""
     loaded = load_model(path)
-    model = loaded.model
+    chosen = too_big_pieces(loaded.model, config, target)
+    if not chosen:
+        return path, ()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    copy_external_data(loaded.external_files, path.parent, work_dir, link=True)
+    model, done = loaded.model, []
+    for n, (name, pieces) in enumerate(chosen.items()):
+        data = work_dir / f"{path.stem}.serialized{n}.data"
+        model, record = serialize_node(model, name, pieces, base_dir=path.parent, data_path=data)
+        done.append(record)
+    out = work_dir / f"{path.stem}.serialized.onnx"
+    write_model(model, out)
+    return out, tuple(done)
+
+
+def too_big_pieces(model: onnx.ModelProto, config: PlanConfig, target: Target) -> dict[str, int]:
+    """Node name → pieces, in graph order, for the splittable nodes whose weights alone exceed one
+    device (``serialize_choice.choose_pieces``); reads the initializers' dims only."""
     inits = {t.name: t for t in model.graph.initializer}
     nodes = list(model.graph.node)
     per_node = np.zeros(len(nodes))
     limits = np.zeros(len(nodes), dtype=np.int64)
     for i, node in enumerate(nodes):
-        kind = splittable(model, node)
+        kind = splittable(model, node, inits)
         if kind is not None:
             names = [n for n in node.input if n in inits]
             per_node[i] = sum(_planned_bytes(inits[n], config) for n in names)
             limits[i] = max_pieces(node, kind, inits[weight_input(node, kind)])
     chosen = choose_pieces(per_node, limits, float(target.memory_bytes))
-    if not chosen:
-        return path, ()
-    work_dir.mkdir(parents=True, exist_ok=True)
-    copy_external_data(loaded.external_files, path.parent, work_dir, link=True)
-    done = []
-    for n, (i, pieces) in enumerate(sorted(chosen.items())):
-        data = work_dir / f"{path.stem}.serialized{n}.data"
-        model, record = serialize_node(
-            model, nodes[i].name, pieces, base_dir=path.parent, data_path=data
-        )
-        done.append(record)
-    out = work_dir / f"{path.stem}.serialized.onnx"
-    write_model(model, out)
-    return out, tuple(done)
+    return {nodes[i].name: pieces for i, pieces in sorted(chosen.items())}
 
 
 def _planned_bytes(tensor: onnx.TensorProto, config: PlanConfig) -> float:

@@ -1,7 +1,7 @@
 """Folded nodes (constant expressions) are planned as the compiler runs them: not at all.
 
-``folded_nodes`` is checked against a count written here independently of graph/folding.py: a
-fixpoint over the ONNX graph itself (a node is a constant expression when every input it names is
+``folded_nodes`` is checked against a count written independently of graph/folding.py
+(``graph_oracle.constant_outputs``): a fixpoint over the ONNX graph itself (a node is a constant expression when every input it names is
 an initializer or a constant's output, or it is Shape/Size of a tensor whose shape is static).
 """
 
@@ -18,32 +18,10 @@ from sharderd.report.build import model_facts, plan_section, report_dict
 from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
 from sharderd.target import BUILTIN_TARGETS
+from tests.graph_oracle import constant_outputs
 from tests.real_exports import MANIFEST, export_analysis
 
 TARGET = BUILTIN_TARGETS["ipu-mk2"]
-_NOT_CONSTANT = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike"}
-_NOT_CONSTANT |= {"Multinomial", "Bernoulli", "If", "Loop", "Scan"}
-_NOT_CONSTANT |= {"SequenceConstruct", "SequenceEmpty"}
-
-
-def constant_expressions(model: onnx.ModelProto, static: set[str]) -> int:
-    """Nodes computable at compile time, given the tensors whose shapes are ``static``."""
-    graph = model.graph
-    inputs = {i.name for i in graph.input}
-    constant = {t.name for t in graph.initializer if t.name not in inputs}
-    count = 0
-    for node in graph.node:  # exporters write nodes in topological order; checked below
-        if node.domain not in ("", "ai.onnx") or node.op_type in _NOT_CONSTANT:
-            continue
-        named = [name for name in node.input if name]
-        if node.op_type in ("Shape", "Size"):
-            is_constant = bool(named) and named[0] in static
-        else:
-            is_constant = all(name in constant for name in named)
-        if is_constant:
-            constant.update(node.output)
-            count += 1
-    return count
 
 
 def _topological(model: onnx.ModelProto) -> bool:
@@ -60,7 +38,7 @@ def test_folded_nodes_match_an_independent_count(name: str) -> None:
     analysis = export_analysis(name)
     assert _topological(analysis.model)
     static = {n for n, tt in analysis.shapes.types.items() if tt.shape is not None}
-    assert analysis.folded_nodes == constant_expressions(analysis.model, static)
+    assert analysis.folded_nodes == len(constant_outputs(analysis.model, static))
     assert analysis.compiled_ops == analysis.flow.num_nodes - analysis.folded_nodes
 
 

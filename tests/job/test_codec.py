@@ -79,3 +79,18 @@ def test_a_model_summary_comes_back_as_the_same_frozen_value() -> None:
     back = decode_summary(json.loads(json.dumps(encode_summary(summary))))
     assert back == summary
     assert isinstance(back.input_shapes["mask"], tuple)
+
+
+def test_a_summary_with_rewrites_and_their_trial_comes_back_the_same() -> None:
+    from sharderd.plan.serialize_choice import BottleneckTrial
+    from sharderd.shard.serialize import Serialized
+
+    record = Serialized("head", "MatMul", "columns", 2, ("head/piece0/MatMul", "head/piece1/MatMul"),
+                        "bottleneck", (2e-3, 1e-3))  # fmt: skip
+    for trial in (
+        BottleneckTrial((("head", "MatMul", 2),), 2e-3, 9e-4, True, 1e-3, True),
+        BottleneckTrial((("head", "MatMul", 3),), 2e-3, 1.9e-3, False, None, False),
+    ):
+        summary = ModelSummary({"name": "m.onnx"}, (), "fp32", {"x": (1, 2)}, 0.5, (record,), trial)
+        back = decode_summary(json.loads(json.dumps(encode_summary(summary))))
+        assert back == summary
