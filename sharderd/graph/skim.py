@@ -1,0 +1,342 @@
+"""Read a model file's structure in one forward pass, its large inline weights left where they lie.
+
+A model exported with its weights inline (every torch export under 2 GB) is one protobuf message;
+parsing it whole holds every weight in memory, twice (the file's bytes and the parsed copy). This
+walks protobuf's wire format instead, through a bounded buffer: every field of the model is copied
+as it is, except the ``raw_data`` of graph initializers over ``IN_FILE_MIN_BYTES``, which is
+skipped and recorded as a ``Span`` (its offset and length in the file). The copy parses with
+protobuf as the whole file would, less those bytes; ``graph.load`` then points each such tensor at
+its span as external data, so every later step handles it as it handles external data. The file's
+SHA-256 is computed in the same pass.
+
+Why not protobuf or onnx: neither can parse a message while leaving one bytes field unread
+(``onnx.load(load_external_data=False)`` only concerns data that is already external), and a memory
+map would count every page it touches in the process's memory.
+
+Anything the walk does not expect (a wire type protobuf would refuse, a duplicated ``raw_data``, a
+tensor already marked external) is copied as it is, so protobuf's own verdict on it is unchanged.
+Damage inside a skipped tensor is named here, with the tensor: the file ending in its data (a cut
+copy), or its data running past the end of the file or of its own record (into another field).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from io import BufferedReader
+
+from sharderd.errors import ModelInvalidError
+from sharderd.graph.wire import (
+    MODEL_FIELDS,
+    decode_varint,
+    encode_varint,
+    incomplete_error,
+    unparsable_error,
+)
+
+__all__ = ["IN_FILE_MIN_BYTES", "Skimmed", "Span", "skim_file"]
+
+IN_FILE_MIN_BYTES = 4096
+"""Inline ``raw_data`` over this many bytes stays in the file. The engine reads the values of
+tensors up to this size only (``graph.evaluate.VALUE_BYTES``, ``graph.shapes``' stripping bound),
+so a tensor above it is never read during analysis, inline or not."""
+
+_CHUNK = 1 << 20
+"""Read size: the buffer holds one chunk plus the field being copied."""
+
+_GRAPH = 7  # ModelProto.graph
+_INITIALIZER = 5  # GraphProto.initializer
+_NAME, _RAW_DATA, _EXTERNAL_DATA, _DATA_LOCATION = 8, 9, 13, 14  # TensorProto fields
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A graph initializer whose ``raw_data`` was left in the file."""
+
+    index: int
+    """Its position in ``graph.initializer``."""
+    offset: int
+    """Of its first data byte in the file."""
+    length: int
+    explicit_default: bool
+    """Its ``data_location`` field was written (as DEFAULT), so a faithful copy writes it again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Skimmed:
+    data: bytes
+    """The file, re-encoded without the spans' ``raw_data`` fields."""
+    spans: tuple[Span, ...]
+    sha256: str
+    """Of the whole file."""
+    size: int
+
+
+class _Corrupt(Exception):
+    """Bytes protobuf refuses too: a field past its record's end, a wire type of 6 or 7, a varint
+    over 64 bits."""
+
+
+class _Group(Exception):
+    """A group-encoded field (wire types 3, 4): valid protobuf for an unknown field, never an
+    ONNX one. Its enclosing field is copied as it is, for protobuf to read."""
+
+
+class _Reader:
+    """Forward reads through a bounded buffer; every byte of the file is hashed once, in order."""
+
+    def __init__(self, f: BufferedReader, size: int) -> None:
+        self.f, self.size = f, size
+        self.buf = b""
+        self.base = 0  # file offset of buf[0]
+        self.i = 0
+        self.sha = hashlib.sha256()
+
+    @property
+    def pos(self) -> int:
+        return self.base + self.i
+
+    def _have(self, n: int) -> bool:
+        """Make ``n`` bytes from ``pos`` available in the buffer; False when the file ends first."""
+        if self.i + n <= len(self.buf):
+            return True
+        rest = self.buf[self.i :]
+        self.base += self.i
+        new = self.f.read(min(max(n - len(rest), _CHUNK), self.size - self.base - len(rest)))
+        self.sha.update(new)
+        self.buf, self.i = rest + new, 0
+        return n <= len(self.buf)
+
+    def varint(self) -> int | None:
+        """A varint at ``pos`` (consumed), or None when the file ends inside it."""
+        self._have(10)
+        buf, i, value, shift = self.buf, self.i, 0, 0
+        while i < len(buf) and shift < 64:
+            byte = buf[i]
+            i += 1
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                self.i = i
+                return value
+            shift += 7
+        if shift >= 64:
+            raise _Corrupt
+        return None
+
+    def take(self, n: int) -> bytes | None:
+        if not self._have(n):
+            return None
+        out = self.buf[self.i : self.i + n]
+        self.i += n
+        return out
+
+    def skip(self, n: int) -> bool:
+        """Consume ``n`` bytes without keeping them; False when the file ends first."""
+        held = len(self.buf) - self.i
+        if n <= held:
+            self.i += n
+            return True
+        self.base += len(self.buf)
+        self.buf, self.i = b"", 0
+        left = n - held
+        chunk = bytearray(min(_CHUNK, left))
+        view = memoryview(chunk)
+        while left:
+            got = self.f.readinto(view[: min(len(chunk), left)])
+            if not got:
+                return False
+            self.sha.update(view[:got])
+            self.base += got
+            left -= got
+        return True
+
+    def reread(self, start: int, end: int) -> bytes:
+        """Bytes already consumed, read again (not hashed again)."""
+        return os.pread(self.f.fileno(), end - start, start)
+
+
+def _field(r: _Reader) -> tuple[int, int, int] | None:
+    """The next field's ``(number, wire type, size)``, its key and any length prefix consumed; a
+    varint's bytes stay unread (its size is what it spans). None when the file ends first."""
+    key = r.varint()
+    if key is None:
+        return None
+    number, wire = key >> 3, key & 7
+    if wire == 0:
+        start = r.pos
+        if r.varint() is None:
+            return None
+        size = r.pos - start
+        r.i -= size  # the varint is still in the buffer: read again as the field's payload
+        return number, wire, size
+    if wire in (1, 5):
+        return number, wire, 8 if wire == 1 else 4
+    if wire == 2:
+        length = r.varint()
+        return None if length is None else (number, wire, length)
+    raise _Group if wire in (3, 4) else _Corrupt
+
+
+def _encoded(number: int, wire: int, payload: bytes) -> bytes:
+    """The field as protobuf writes it (keys and lengths as minimal varints)."""
+    head = encode_varint(number << 3 | wire)
+    if wire == 2:
+        head += encode_varint(len(payload))
+    return head + payload
+
+
+@dataclass(slots=True)
+class _Walk:
+    """One skim: the reader, the spans found so far, and how a cut file is reported."""
+
+    r: _Reader
+    where: str
+    spans: list[Span]
+    initializers: int = 0
+    complete: int = 0
+    """Top-level fields read whole so far, all of them ``ModelProto``'s own (else -1), as
+    ``wire.truncated_field`` tells a cut copy from random bytes."""
+
+    def cut_graph(self) -> ModelInvalidError:
+        if self.complete > 0:
+            return incomplete_error(self.where, "the model's graph field", self.r.size)
+        return unparsable_error(self.where, "the file ends inside the graph field")
+
+
+def skim_file(f: BufferedReader, size: int, where: str) -> Skimmed:
+    """Skim the open model file ``f`` of ``size`` bytes (see module doc); ``where`` names it in errors."""
+    walk = _Walk(_Reader(f, size), where, [])
+    r = walk.r
+    out: list[bytes] = []
+    while r.pos < size:
+        start = r.pos
+        try:
+            field = _field(r)
+        except (_Corrupt, _Group):
+            field = None
+        if field is None or ((field[0], field[1]) != (_GRAPH, 2) and r.pos + field[2] > size):
+            # cut short or unreadable: these bytes get the whole-file reader's verdict (protobuf's,
+            # and ``wire.truncated_field``'s on a cut copy), read from here on only
+            from sharderd.graph.load import parse_model_bytes
+
+            parse_model_bytes(b"".join(out) + r.reread(start, size), where)
+            raise unparsable_error(where, "corrupt")  # pragma: no cover - never parses
+        number, wire, length = field
+        if (number, wire) == (_GRAPH, 2):
+            out.append(_graph(walk, start, length))
+        else:
+            payload = r.take(length)
+            assert payload is not None  # it ends inside the file
+            out.append(_encoded(number, wire, payload))
+        known = MODEL_FIELDS.get(number)
+        readable = walk.complete >= 0 and known is not None and known[1] == wire
+        walk.complete = walk.complete + 1 if readable else -1
+    return Skimmed(b"".join(out), tuple(walk.spans), r.sha.hexdigest(), size)
+
+
+def _graph(walk: _Walk, key_start: int, length: int) -> bytes:
+    """The graph field, its large initializers' data left out."""
+    r = walk.r
+    end = r.pos + length
+    pieces: list[bytes] = []
+    spans_before, initializers_before = len(walk.spans), walk.initializers
+    try:
+        while r.pos < end:
+            field = _field(r)
+            if field is None:
+                raise walk.cut_graph()
+            number, wire, size = field
+            _within(walk, r.pos + size, end)
+            if number == _INITIALIZER and wire == 2:
+                walk.initializers += 1
+                if size > IN_FILE_MIN_BYTES:
+                    pieces.append(_tensor(walk, walk.initializers - 1, size))
+                    continue
+            payload = r.take(size)
+            if payload is None:
+                raise walk.cut_graph()
+            pieces.append(_encoded(number, wire, payload))
+    except _Corrupt:
+        if end > r.size:
+            raise walk.cut_graph() from None
+        raise unparsable_error(
+            walk.where, f"the graph field is corrupt near byte {r.pos}"
+        ) from None
+    except _Group:  # copied as it is
+        del walk.spans[spans_before:]
+        walk.initializers = initializers_before
+        if end > r.size:
+            raise walk.cut_graph() from None
+        r.skip(end - r.pos)
+        return r.reread(key_start, end)
+    return _encoded(_GRAPH, 2, b"".join(pieces))
+
+
+def _within(walk: _Walk, field_end: int, record_end: int) -> None:
+    """A field must end inside its record; in a cut file the cut is the finding."""
+    if field_end > record_end:
+        if record_end > walk.r.size:
+            raise walk.cut_graph()
+        raise _Corrupt
+
+
+def _tensor(walk: _Walk, index: int, length: int) -> bytes:
+    """One initializer, its ``raw_data`` left in the file when that is plainly the tensor's data."""
+    r = walk.r
+    end = r.pos + length
+    pieces: list[bytes] = []
+    name: str | None = None
+    raw: list[tuple[int, int, int]] = []  # (slot in pieces, offset, length)
+    location: int | None = None
+    external = False
+    while r.pos < end:
+        field = _field(r)
+        if field is None:
+            raise walk.cut_graph()
+        number, wire, size = field
+        if number == _RAW_DATA and wire == 2 and size > IN_FILE_MIN_BYTES:
+            _check_data(walk, name, index, r.pos, size, end)
+            raw.append((len(pieces), r.pos, size))
+            pieces.append(b"")
+            r.skip(size)
+            continue
+        _within(walk, r.pos + size, end)
+        payload = r.take(size)
+        if payload is None:
+            raise walk.cut_graph()
+        if number == _NAME and wire == 2:
+            name = payload.decode("utf-8", "replace")
+        elif number == _DATA_LOCATION and wire == 0:
+            location = decode_varint(payload, 0)[0]
+        elif number == _EXTERNAL_DATA:
+            external = True
+        pieces.append(_encoded(number, wire, payload))
+    if len(raw) == 1 and not external and location in (None, 0):
+        _, offset, size = raw[0]
+        walk.spans.append(Span(index, offset, size, location == 0))
+    else:  # not plainly inline data: every byte is kept, for protobuf and the loader to judge
+        for slot, offset, size in raw:
+            pieces[slot] = _encoded(_RAW_DATA, 2, r.reread(offset, offset + size))
+    return _encoded(_INITIALIZER, 2, b"".join(pieces))
+
+
+def _check_data(
+    walk: _Walk, name: str | None, index: int, offset: int, length: int, record_end: int
+) -> None:
+    """Refuse data that cannot be the tensor's: past the end of the file, or of its own record."""
+    label = repr(name) if name is not None else f"#{index} (its name is written after its data)"
+    size = walk.r.size
+    end = offset + length
+    if end > size and record_end > size:
+        raise incomplete_error(walk.where, f"the data of initializer {label}", size)
+    if end > size:
+        raise ModelInvalidError(
+            f"{walk.where} is corrupt: the data of initializer {label} would run to byte {end}, "
+            f"past the end of the file ({size} bytes)",
+        )
+    if end > record_end:
+        raise ModelInvalidError(
+            f"{walk.where} is corrupt: the data of initializer {label} (bytes {offset}..{end}) runs "
+            f"past the end of the tensor's own record (byte {record_end}), into the fields after it",
+        )
