@@ -3,7 +3,8 @@
 Runs ``sharderd shard --backend none`` (fp32 and ``--precision fp16``) on every model of
 ``tests/data/models`` (or ``--models`` folders / files) with two executables, and compares what they
 wrote: the sharded model and its data files byte for byte, the YAML, and report.json less its
-timings. Made to show that reading weights where they lie (issue 36) changed no output.
+timings; ``--external`` also shards a copy of each saved with external data. Made to show that
+reading weights where they lie (issue 36) changed no output.
 
     python bench/inline_identity.py --before /work/wt/weights-base/.venv/bin/sharderd \
         --after .venv/bin/sharderd
@@ -26,7 +27,7 @@ MODELS = REPO / "tests" / "data" / "models"
 def _shapes(name: str) -> list[str]:
     manifest = json.loads((MODELS / "manifest.json").read_text())
     entry = manifest.get(name, {})
-    flags = []
+    flags = ["--name-nodes"]  # ppocr_cls's nodes have no names
     for value, shape in entry.get("ort_input_shapes", {}).items():
         flags += ["--input-shape", f"{value}={','.join(map(str, shape))}"]
     return flags
@@ -70,6 +71,35 @@ def compare(before: Path, after: Path) -> list[str]:
     return problems
 
 
+def _external_copy(model: Path, folder: Path) -> Path:
+    import onnx
+
+    folder.mkdir(parents=True)
+    path = folder / "model.onnx"
+    onnx.save(onnx.load(str(model)), str(path), save_as_external_data=True, location="model.data")
+    return path
+
+
+def _case(label: str, model: Path, flags: list[str], before: str, after: str) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        outs = [Path(tmp) / "before", Path(tmp) / "after"]
+        codes = [
+            _run(exe, model, out, [], flags) for exe, out in zip((before, after), outs, strict=True)
+        ]
+        if codes[0] != codes[1]:
+            problems = [f"exit {codes[0]} before, {codes[1]} after"]
+        else:
+            problems = compare(*outs) if outs[0].exists() else []
+        files = sorted(p.name for p in outs[1].iterdir()) if outs[1].exists() else []
+    verdict = (
+        "DIFFERS: " + "; ".join(problems)
+        if problems
+        else f"same (exit {codes[0]}, {len(files)} files)"
+    )
+    print(f"{label:50} {verdict}", flush=True)
+    return bool(problems)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", required=True, help="sharderd executable, the reference")
@@ -80,33 +110,20 @@ def main() -> int:
     parser.add_argument(
         "--flag", action="append", default=[], help="extra flag for both, repeatable"
     )
+    parser.add_argument("--external", action="store_true", help="also their external-data copies")
     args = parser.parse_args()
     models = args.models or sorted(MODELS.glob("*/model.onnx"))
     failures = 0
-    for model in models:
-        flags = _shapes(model.parent.name) + args.flag
-        for extra in ([], ["--precision", "fp16"]):
-            label = f"{model.parent.name} {' '.join(extra) or 'fp32'}"
-            with tempfile.TemporaryDirectory() as tmp:
-                outs = [Path(tmp) / "before", Path(tmp) / "after"]
-                codes = [
-                    _run(exe, model, out, extra, flags)
-                    for exe, out in zip((args.before, args.after), outs, strict=True)
-                ]
-                if codes[0] != codes[1]:
-                    problems = [f"exit {codes[0]} before, {codes[1]} after"]
-                elif not outs[0].exists():
-                    problems = []
-                else:
-                    problems = compare(*outs)
-                files = sorted(p.name for p in outs[1].iterdir()) if outs[1].exists() else []
-            failures += bool(problems)
-            verdict = (
-                "DIFFERS: " + "; ".join(problems)
-                if problems
-                else f"same (exit {codes[0]}, {len(files)} files)"
-            )
-            print(f"{label:40} {verdict}", flush=True)
+    with tempfile.TemporaryDirectory() as copies:
+        for model in models:
+            flags = _shapes(model.parent.name) + args.flag
+            forms = [("", model)]
+            if args.external:
+                forms.append(("external ", _external_copy(model, Path(copies) / model.parent.name)))
+            for form, path in forms:
+                for extra in ([], ["--precision", "fp16"]):
+                    label = f"{model.parent.name} {form}{' '.join(extra) or 'fp32'}"
+                    failures += _case(label, path, flags + extra, args.before, args.after)
     print(f"{failures} case(s) differ", file=sys.stderr)
     return 1 if failures else 0
 

@@ -14,6 +14,10 @@ the table also says whether a change altered what users get.
     python bench/inline_weights.py --exe before=/work/wt/weights-base/.venv/bin/sharderd \
         --exe after=.venv/bin/sharderd
 
+``--hide-torch`` is a diagnostic, not a user's setup: each command runs with ``torch`` made
+unimportable, to show what importing it costs (onnxruntime's ``onnxruntime.tools`` package, which
+holds the symbolic shape inference, imports torch whenever it is installed).
+
 The stock exports come from ``/work/exports/stock`` (``manifest.json`` there gives each model's
 ``sharderd_flags``); ``--make-external`` writes the external-data copies (``onnx.save`` with
 ``save_as_external_data``; it holds the model in memory once) under ``--external``.
@@ -43,6 +47,10 @@ from _common import (  # bench/ is not a package: python puts this folder on sys
 
 MODELS = ("gpt2_medium", "bert_large", "gpt2")
 DEVICES = 8
+_HIDE_TORCH = (
+    "import sys; sys.modules['torch'] = None; from sharderd.cli import main; "
+    "raise SystemExit(main(sys.argv[1:]))"
+)
 PLAN_RSS_CAP = 400 * 2**20
 SHARD_RSS_CAP = 600 * 2**20
 PLAN_RSS_RATIO = 1.3
@@ -95,16 +103,24 @@ def _digests(folder: Path) -> dict[str, str]:
 
 
 def measure(
-    exe: tuple[str, str], model: str, form: str, path: Path, flags: list[str], scratch: Path
+    exe: tuple[str, str],
+    model: str,
+    form: str,
+    path: Path,
+    flags: list[str],
+    scratch: Path,
+    *,
+    hide_torch: bool = False,
 ) -> list[Cell]:
     cells = []
+    head = [str(Path(exe[1]).parent / "python"), "-c", _HIDE_TORCH] if hide_torch else [exe[1]]
     for serialize in (True, False):
         extra = [] if serialize else ["--no-serialize"]
-        argv = [exe[1], "plan", str(path), "--devices", str(DEVICES), "--json", *flags, *extra]
+        argv = [*head, "plan", str(path), "--devices", str(DEVICES), "--json", *flags, *extra]
         cells.append(Cell(model, form, exe[0], "plan", serialize, run_measured(argv), None))
         _say(cells[-1])
         out = scratch / f"{model}-{form}-{exe[0]}-{serialize}"
-        argv = [exe[1], "shard", str(path), "--devices", str(DEVICES), "--backend", "none"]
+        argv = [*head, "shard", str(path), "--devices", str(DEVICES), "--backend", "none"]
         argv += ["--quiet", "--out", str(out), *flags, *extra]
         run = run_measured(argv)
         digests = _digests(out) if out.is_dir() else None
@@ -218,6 +234,7 @@ def main() -> int:
     parser.add_argument("--stock", type=Path, default=Path("/work/exports/stock"))
     parser.add_argument("--external", type=Path, default=Path("/work/exports/weights"))
     parser.add_argument("--make-external", action="store_true")
+    parser.add_argument("--hide-torch", action="store_true", help="diagnostic: torch unimportable")
     args = parser.parse_args()
     exes = [tuple(e.split("=", 1)) for e in args.exe]
     manifest = json.loads((args.stock / "manifest.json").read_text())
@@ -233,13 +250,22 @@ def main() -> int:
             flags = shlex.split(manifest[model]["sharderd_flags"])
             for exe in exes:
                 for form, path in (("inline", inline), ("external", external)):
-                    cells += measure(exe, model, form, path, flags, Path(tmp))  # type: ignore[arg-type]
+                    cells += measure(
+                        exe,  # type: ignore[arg-type]
+                        model,
+                        form,
+                        path,
+                        flags,
+                        Path(tmp),
+                        hide_torch=args.hide_torch,
+                    )
     info = machine()
     raw = [
         {**asdict(c), "run": {**asdict(c.run), "stdout": "", "stderr": c.run.stderr[-2000:]}}
         for c in cells
     ]
-    write_json(OUT / "inline_weights.json", {"machine": info, "cells": raw})
+    name = "inline_weights_no_torch.json" if args.hide_torch else "inline_weights.json"
+    write_json(OUT / name, {"machine": info, "hide_torch": args.hide_torch, "cells": raw})
     print(machine_markdown(info))
     print()
     print(table(cells))

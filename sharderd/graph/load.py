@@ -17,10 +17,10 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from sharderd.errors import ModelInvalidError
-from sharderd.graph.in_file import in_file, point_at
+from sharderd.graph.in_file import point_at
 from sharderd.graph.skim import Skimmed, skim_file
 from sharderd.graph.tensors import all_tensors, tensor_nbytes
-from sharderd.graph.validate import check_tensors, check_value_types
+from sharderd.graph.validate import check_tensors_and_values
 from sharderd.graph.wire import check_command, incomplete_error, truncated_field, unparsable_error
 
 __all__ = [
@@ -76,14 +76,13 @@ def load_model(path: Path) -> LoadedModel:
     skimmed = _skim(path, st.st_size)
     model = parse_model_bytes(skimmed.data, str(path))
     files = check_external_data(model, path.parent, model_file=path)
-    _point_at_file(model, skimmed, path)
-    check_tensors(model, str(path))
-    check_value_types(model, str(path))
-    external_bytes = sum(
+    external_bytes = sum(  # before the inline tensors left in the file become references
         tensor_nbytes(t)
         for _, t in all_tensors(model.graph)
-        if t.data_location == onnx.TensorProto.EXTERNAL and in_file(t) is None
+        if t.data_location == onnx.TensorProto.EXTERNAL
     )
+    _point_at_file(model, skimmed, path)
+    check_tensors_and_values(model, str(path))
     return LoadedModel(
         path=path,
         model=model,

@@ -11,44 +11,51 @@ count of its typed field, or its external ``length``. A tensor holding no data a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import onnx
 from onnx import TensorProto
 
 from sharderd.errors import ModelInvalidError
-from sharderd.graph.tensors import BITS_PER_ELEMENT, all_tensors, shape_bytes
+from sharderd.graph.tensors import BITS_PER_ELEMENT, shape_bytes
 
-__all__ = ["check_tensors", "check_value_types"]
+__all__ = ["check_tensors_and_values"]
 
-_TYPED_FIELDS = (
-    "float_data",
-    "int32_data",
-    "string_data",
-    "int64_data",
-    "double_data",
-    "uint64_data",
+_DATA_FIELDS = frozenset(
+    {"float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data"}
+    | {"raw_data"}
 )
+"""The fields a tensor's values can be in (besides external data)."""
 _COMPLEX = frozenset({TensorProto.COMPLEX64, TensorProto.COMPLEX128})
 _ONNX_TYPES = frozenset(TensorProto.DataType.values())
+_FIELD = {dtype: onnx.helper.tensor_dtype_to_field(dtype) for dtype in BITS_PER_ELEMENT}
+"""The typed field each data type's values go in."""
 
 
-def check_tensors(model: onnx.ModelProto, where: str) -> None:
-    """Raise ``ModelInvalidError`` for the first tensor whose type or data is wrong (see module doc)."""
-    for owner, tensor in _tensors(model):
-        _check_tensor(tensor.name or owner, tensor, where)
-
-
-def check_value_types(model: onnx.ModelProto, where: str) -> None:
-    """Graph inputs, outputs and value_info (bodies included) must have an ONNX element type."""
-    for kind, value in _value_infos(model.graph):
-        tensor_type = value.type.tensor_type
-        if tensor_type.elem_type not in _ONNX_TYPES:
-            raise ModelInvalidError(
-                f"{where}: {kind} {value.name!r} has element type {tensor_type.elem_type}, which is "
-                "not an ONNX data type",
-                hint="re-export the model; onnx's checker names the same value",
-            )
+def check_tensors_and_values(model: onnx.ModelProto, where: str) -> None:
+    """Raise ``ModelInvalidError`` for the first tensor whose type or data is wrong, or graph
+    input, output or value_info whose element type ONNX does not define (see module doc)."""
+    for graph in _graphs(model.graph, where):
+        for tensor in graph.initializer:
+            _check_tensor(tensor.name, tensor, where)
+        for sparse in graph.sparse_initializer:
+            _check_tensor(sparse.values.name, sparse.values, where)
+            _check_tensor(f"{sparse.values.name} (its indices)", sparse.indices, where)
+        for kind, values in (
+            ("graph input", graph.input),
+            ("graph output", graph.output),
+            ("value_info", graph.value_info),
+        ):
+            for value in values:
+                elem_type = value.type.tensor_type.elem_type
+                if elem_type not in _ONNX_TYPES:
+                    raise ModelInvalidError(
+                        f"{where}: {kind} {value.name!r} has element type {elem_type}, which is "
+                        "not an ONNX data type",
+                        hint="re-export the model; onnx's checker names the same value",
+                    )
+    for function in model.functions:
+        _check_nodes(function.node, where)
 
 
 def _check_tensor(name: str, tensor: TensorProto, where: str) -> None:
@@ -65,14 +72,10 @@ def _check_tensor(name: str, tensor: TensorProto, where: str) -> None:
             f"{where}: tensor {name!r} has {what}",
             hint="re-export the model; onnx's checker names the same tensor",
         )
-    if any(d < 0 for d in tensor.dims):
+    dims = tensor.dims
+    if dims and min(dims) < 0:
         raise ModelInvalidError(f"{where}: tensor {name!r} has a negative dim {list(tensor.dims)}")
-    numel = math.prod(tensor.dims)
-    need = shape_bytes(tuple(tensor.dims), dtype)
-    field = onnx.helper.tensor_dtype_to_field(dtype)
-    held = [f for f in _TYPED_FIELDS if len(getattr(tensor, f))]
-    if tensor.HasField("raw_data"):
-        held.append("raw_data")
+    held = [fd.name for fd, _ in tensor.ListFields() if fd.name in _DATA_FIELDS]
     if tensor.data_location == TensorProto.EXTERNAL:
         held.append("external data")
     if len(held) > 1:
@@ -81,6 +84,9 @@ def _check_tensor(name: str, tensor: TensorProto, where: str) -> None:
         )
     if not held:
         return
+    numel = math.prod(tensor.dims)
+    need = shape_bytes(tuple(tensor.dims), dtype)
+    field = _FIELD[dtype]
     shape = f"its dims {list(tensor.dims)} × {TensorProto.DataType.Name(dtype)}"
     if held[0] == "raw_data":
         if dtype == TensorProto.STRING:
@@ -116,33 +122,33 @@ def _disagree(where: str, name: str, held: str, shape: str, need: int) -> ModelI
     )
 
 
-def _tensors(model: onnx.ModelProto) -> Iterator[tuple[str, TensorProto]]:
-    yield from all_tensors(model.graph)
-    for graph in _graphs(model.graph):
-        for sparse in graph.sparse_initializer:
-            yield f"{sparse.values.name} (its indices)", sparse.indices
-    for function in model.functions:
-        for node in function.node:
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.TENSOR:
-                    yield attr.t.name or node.name, attr.t
-                elif attr.type == onnx.AttributeProto.TENSORS:
-                    yield from ((t.name or node.name, t) for t in attr.tensors)
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+def _graphs(graph: onnx.GraphProto, where: str = "") -> Iterator[onnx.GraphProto]:
+    """``graph`` and every body in it, at any depth; the tensors node attributes hold are checked
+    on the way (one pass over the nodes)."""
     yield graph
     for node in graph.node:
         for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
+            kind = attr.type
+            if kind == onnx.AttributeProto.TENSOR:
+                _check_tensor(
+                    attr.t.name or node.name or next(iter(node.output), ""), attr.t, where
+                )
+            elif kind == onnx.AttributeProto.TENSORS:
+                for tensor in attr.tensors:
+                    _check_tensor(tensor.name or node.name, tensor, where)
+            elif kind == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g, where)
+            elif kind == onnx.AttributeProto.GRAPHS:
                 for sub in attr.graphs:
-                    yield from _graphs(sub)
+                    yield from _graphs(sub, where)
 
 
-def _value_infos(graph: onnx.GraphProto) -> Iterator[tuple[str, onnx.ValueInfoProto]]:
-    for sub in _graphs(graph):
-        yield from (("graph input", v) for v in sub.input)
-        yield from (("graph output", v) for v in sub.output)
-        yield from (("value_info", v) for v in sub.value_info)
+def _check_nodes(nodes: Iterable[onnx.NodeProto], where: str) -> None:
+    """The tensors a function's nodes hold."""
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                _check_tensor(attr.t.name or node.name, attr.t, where)
+            elif attr.type == onnx.AttributeProto.TENSORS:
+                for tensor in attr.tensors:
+                    _check_tensor(tensor.name or node.name, tensor, where)

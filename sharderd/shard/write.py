@@ -15,7 +15,7 @@ from pathlib import Path
 import onnx
 
 from sharderd.fsutil import atomic_write
-from sharderd.graph.in_file import in_file, in_file_tensors
+from sharderd.graph.in_file import in_file, in_file_tensors, record_links
 from sharderd.graph.load import ExternalFile
 from sharderd.shard.stream import Copy, copy_to, inline_pieces, out_bytes, write_pieces
 
@@ -53,11 +53,13 @@ def copy_external_data(
 
 def link_in_file(model: onnx.ModelProto, out_dir: Path, taken: set[str]) -> list[Path]:
     """Point ``model``'s in-file tensors at links in ``out_dir`` to the files they lie in (a compile
-    attempt reads the user's weights where they are); returns the links made.
+    attempt reads the user's weights where they are), say so in it (``in_file.LINKS``); returns
+    the links made.
 
     Each link is named as its file, unless that name is in ``taken`` (the attempt's own files).
     """
     links: dict[str, str] = {}
+    explicit: dict[str, list[int]] = {}
     made = []
     for tensor, where in list(in_file_tensors(model)):
         name = links.get(where.source)
@@ -66,13 +68,18 @@ def link_in_file(model: onnx.ModelProto, out_dir: Path, taken: set[str]) -> list
             while name in taken or name in links.values():
                 name = f"inline-{name}"
             links[where.source] = name
+            explicit[name] = []
             dst = out_dir / name
             if not _same(Path(where.source), dst):
                 _place(Path(where.source), dst, link=True)
                 made.append(dst)
+        if where.explicit_default:
+            explicit[name].append(where.offset)
         del tensor.external_data[:]
         for key, value in (("location", name), ("offset", where.offset), ("length", where.length)):
             tensor.external_data.add(key=key, value=str(value))
+    if explicit:
+        record_links(model, explicit)
     return made
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from sharderd.cli import main as cli_main
@@ -270,3 +272,49 @@ def test_examples_saved_inline_plan_as_before(model_path: Callable[..., Path]) -
     refs = list(in_file_tensors(loaded.model))
     assert refs and all(not t.raw_data for t, _ in refs)
     assert cli_main(["plan", str(path), "--devices", "2", "--json"]) == 0
+
+
+# --- the skim agrees with protobuf -----------------------------------------------------------------
+
+_DAMAGE = settings(max_examples=150, deadline=None, derandomize=True, database=None)
+_SOURCE = _model(_weights(40, 2)).SerializeToString()  # two 6400-byte weights: both skimmed
+
+
+def _protobufs_reading(data: bytes) -> onnx.ModelProto | None:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception:
+        return None
+    return model
+
+
+@_DAMAGE
+@given(
+    cut=st.just(len(_SOURCE)) | st.integers(min_value=1, max_value=len(_SOURCE)),
+    flips=st.lists(st.tuples(st.integers(0, len(_SOURCE) - 1), st.integers(1, 255)), max_size=3),
+)
+def test_a_damaged_file_loads_as_protobuf_reads_it_or_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, cut: int, flips: list[tuple[int, int]]
+) -> None:
+    """Cut and byte-flipped copies: the loader either refuses them (ModelInvalidError, never another
+    exception) or holds what protobuf parses from the whole file, skimmed weights read back."""
+    data = bytearray(_SOURCE[:cut])
+    for at, xor in flips:
+        if at < len(data):
+            data[at] ^= xor
+    path = tmp_path_factory.mktemp("damaged") / "m.onnx"
+    path.write_bytes(bytes(data))
+    try:
+        loaded = load_model(path).model
+    except ModelInvalidError:
+        event("refused")
+        return
+    event(f"loaded, {len(list(in_file_tensors(loaded)))} weight(s) skimmed")
+    for tensor, where in list(in_file_tensors(loaded)):
+        tensor.raw_data = bytes(data[where.offset : where.offset + where.length])
+        tensor.ClearField("data_location")
+        if where.explicit_default:
+            tensor.data_location = TensorProto.DEFAULT
+        del tensor.external_data[:]
+    assert loaded == _protobufs_reading(bytes(data))
