@@ -22,12 +22,11 @@ tensor, data running past the end of the file or of its own record (into another
 
 from __future__ import annotations
 
-import hashlib
-import os
 from dataclasses import dataclass
 from io import BufferedReader
 
 from sharderd.errors import ModelInvalidError
+from sharderd.graph.reader import CorruptVarint, HashingReader
 from sharderd.graph.wire import (
     MODEL_FIELDS,
     decode_varint,
@@ -42,9 +41,6 @@ IN_FILE_MIN_BYTES = 4096
 """Inline ``raw_data`` over this many bytes stays in the file. The engine reads the values of
 tensors up to this size only (``graph.evaluate.VALUE_BYTES``, ``graph.shapes``' stripping bound),
 so a tensor above it is never read during analysis, inline or not."""
-
-_CHUNK = 1 << 20
-"""Read size: the buffer holds one chunk plus the field being copied."""
 
 _GRAPH = 7  # ModelProto.graph
 _INITIALIZER = 5  # GraphProto.initializer
@@ -75,7 +71,7 @@ class Skimmed:
     size: int
 
 
-class _Corrupt(Exception):
+class _Corrupt(CorruptVarint):
     """Bytes protobuf refuses too: a field past its record's end, a wire type of 6 or 7, a varint
     over 64 bits."""
 
@@ -85,85 +81,7 @@ class _Group(Exception):
     ONNX one. Its enclosing field is copied as it is, for protobuf to read."""
 
 
-class _Reader:
-    """Forward reads through a bounded buffer; every byte of the file is hashed once, in order."""
-
-    def __init__(self, f: BufferedReader, size: int) -> None:
-        self.f, self.size = f, size
-        self.buf = b""
-        self.base = 0  # file offset of buf[0]
-        self.i = 0
-        self.sha = hashlib.sha256()
-
-    @property
-    def pos(self) -> int:
-        return self.base + self.i
-
-    def _have(self, n: int) -> bool:
-        """Make ``n`` bytes from ``pos`` available in the buffer; False when the file ends first."""
-        if self.i + n <= len(self.buf):
-            return True
-        rest = self.buf[self.i :]
-        self.base += self.i
-        new = self.f.read(min(max(n - len(rest), _CHUNK), self.size - self.base - len(rest)))
-        self.sha.update(new)
-        self.buf, self.i = rest + new, 0
-        return n <= len(self.buf)
-
-    def fill(self) -> None:
-        """Refill the buffer when little of it is left (no copying of a long rest per call)."""
-        if len(self.buf) - self.i < _CHUNK // 16:
-            self._have(_CHUNK)
-
-    def varint(self) -> int | None:
-        """A varint at ``pos`` (consumed), or None when the file ends inside it."""
-        self._have(10)
-        buf, i, value, shift = self.buf, self.i, 0, 0
-        while i < len(buf) and shift < 64:
-            byte = buf[i]
-            i += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                self.i = i
-                return value
-            shift += 7
-        if shift >= 64:
-            raise _Corrupt
-        return None
-
-    def take(self, n: int) -> bytes | None:
-        if not self._have(n):
-            return None
-        out = self.buf[self.i : self.i + n]
-        self.i += n
-        return out
-
-    def skip(self, n: int) -> bool:
-        """Consume ``n`` bytes without keeping them; False when the file ends first."""
-        held = len(self.buf) - self.i
-        if n <= held:
-            self.i += n
-            return True
-        self.base += len(self.buf)
-        self.buf, self.i = b"", 0
-        left = n - held
-        chunk = bytearray(min(_CHUNK, left))
-        view = memoryview(chunk)
-        while left:
-            got = self.f.readinto(view[: min(len(chunk), left)])
-            if not got:
-                return False
-            self.sha.update(view[:got])
-            self.base += got
-            left -= got
-        return True
-
-    def reread(self, start: int, end: int) -> bytes:
-        """Bytes already consumed, read again (not hashed again)."""
-        return os.pread(self.f.fileno(), end - start, start)
-
-
-def _field(r: _Reader) -> tuple[int, int, int] | None:
+def _field(r: HashingReader) -> tuple[int, int, int] | None:
     """The next field's ``(number, wire type, size)``, its key and any length prefix consumed; a
     varint's bytes stay unread (its size is what it spans). None when the file ends first."""
     key = r.varint()
@@ -197,13 +115,20 @@ def _encoded(number: int, wire: int, payload: bytes) -> bytes:
 class _Walk:
     """One skim: the reader, the spans found so far, and how a cut file is reported."""
 
-    r: _Reader
+    r: HashingReader
     where: str
     spans: list[Span]
     initializers: int = 0
     complete: int = 0
     """Top-level fields read whole so far, all of them ``ModelProto``'s own (else -1), as
     ``wire.truncated_field`` tells a cut copy from random bytes."""
+
+    def field(self) -> tuple[int, int, int]:
+        """The next field in the graph (``_field``); the file ending first is a cut graph."""
+        field = _field(self.r)
+        if field is None:
+            raise self.cut_graph()
+        return field
 
     def cut_graph(self) -> ModelInvalidError:
         if self.complete > 0:
@@ -213,14 +138,14 @@ class _Walk:
 
 def skim_file(f: BufferedReader, size: int, where: str) -> Skimmed:
     """Skim the open model file ``f`` of ``size`` bytes (see module doc); ``where`` names it in errors."""
-    walk = _Walk(_Reader(f, size), where, [])
+    walk = _Walk(HashingReader(f, size), where, [])
     r = walk.r
     out: list[bytes] = []
     while r.pos < size:
         start = r.pos
         try:
             field = _field(r)
-        except (_Corrupt, _Group):
+        except (CorruptVarint, _Group):
             field = None
         if field is None or ((field[0], field[1]) != (_GRAPH, 2) and r.pos + field[2] > size):
             # cut short, or a group: the rest as it is, for protobuf (and ``wire.truncated_field``
@@ -253,16 +178,11 @@ def _graph(walk: _Walk, key_start: int, length: int) -> bytes:
             r.fill()
             stop = min(len(r.buf), end - r.base)
             skipped, small = _scan(r.buf, r.i, stop)
-            if skipped > r.i:
-                pieces.append(r.buf[r.i : skipped])
+            if r.keep(skipped, pieces):
                 walk.initializers += small
-                r.i = skipped
                 continue
             # a large initializer, a field across the buffer's end, or bytes the scan leaves
-            field = _field(r)
-            if field is None:
-                raise walk.cut_graph()
-            number, wire, size = field
+            number, wire, size = walk.field()
             _within(walk, r.pos + size, end)
             if number == _INITIALIZER and wire == 2:
                 walk.initializers += 1
@@ -273,7 +193,7 @@ def _graph(walk: _Walk, key_start: int, length: int) -> bytes:
             if payload is None:
                 raise walk.cut_graph()
             pieces.append(_encoded(number, wire, payload))
-    except _Corrupt:
+    except CorruptVarint:
         if end > r.size:
             raise walk.cut_graph() from None
         raise unparsable_error(
@@ -292,34 +212,29 @@ def _graph(walk: _Walk, key_start: int, length: int) -> bytes:
 def _scan(buf: bytes, i: int, stop: int) -> tuple[int, int]:
     """Where the first field of ``buf[i:stop]`` that is not plainly copied starts (a large
     initializer, one that does not end by ``stop``, a wire type other than 0, 1, 2, 5), and how
-    many initializers come before it. The hot loop of a 100k-node graph: varints decoded inline."""
+    many initializers come before it. The hot loop of a 100k-node graph: one-byte varints (most
+    keys, short lengths) are read in place."""
     count = 0
     while i < stop:
         start = i
         key = buf[i]
         i += 1
-        if key & 0x80:  # keys of fields over 15: a second byte at least
-            key &= 0x7F
-            shift = 7
-            while i < stop and buf[i] & 0x80:
-                key |= (buf[i] & 0x7F) << shift
-                shift += 7
-                i += 1
-            if i >= stop or shift > 56:
+        if key & 0x80:  # a field over 15: a key of two bytes or more
+            long_key, i = decode_varint(buf, start)
+            if long_key is None or i >= stop:
                 return start, count
-            key |= buf[i] << shift
-            i += 1
+            key = long_key
         wire = key & 7
         if wire == 2:
-            size = shift = 0
-            while i < stop and buf[i] & 0x80:
-                size |= (buf[i] & 0x7F) << shift
-                shift += 7
-                i += 1
-            if i >= stop or shift > 56:
+            if i >= stop:
                 return start, count
-            size |= buf[i] << shift
+            size = buf[i]
             i += 1
+            if size & 0x80:
+                long_size, i = decode_varint(buf, i - 1)
+                if long_size is None or i > stop:
+                    return start, count
+                size = long_size
             if key == 0x2A:  # GraphProto.initializer
                 if size > IN_FILE_MIN_BYTES:
                     return start, count
@@ -372,15 +287,10 @@ def _tensor(walk: _Walk, index: int, length: int) -> bytes:
     raw: list[tuple[int, int, int]] = []  # (slot in pieces, offset, length)
     while r.pos < end:
         r.fill()
-        done = _small_fields(r, min(len(r.buf), end - r.base), seen)
-        if done > r.i:  # fields before the data, in the buffer: copied as they are
-            pieces.append(r.buf[r.i : done])
-            r.i = done
+        # fields before the data, in the buffer: copied as they are
+        if r.keep(_small_fields(r, min(len(r.buf), end - r.base), seen), pieces):
             continue
-        field = _field(r)
-        if field is None:
-            raise walk.cut_graph()
-        number, wire, size = field
+        number, wire, size = walk.field()
         if number == _RAW_DATA and wire == 2 and size > IN_FILE_MIN_BYTES:
             _check_data(walk, seen.name, index, r.pos, size, end)
             raw.append((len(pieces), r.pos, size))
@@ -402,7 +312,7 @@ def _tensor(walk: _Walk, index: int, length: int) -> bytes:
     return _encoded(_INITIALIZER, 2, b"".join(pieces))
 
 
-def _small_fields(r: _Reader, stop: int, seen: _Tensor) -> int:
+def _small_fields(r: HashingReader, stop: int, seen: _Tensor) -> int:
     """Where the first field from ``r.pos`` that is not small and whole before ``stop`` starts
     (the data, usually), noting each one before it in ``seen``."""
     buf, i = r.buf, r.i
