@@ -257,12 +257,11 @@ def _model_file(model: Model, stem: str) -> Iterator[Path]:
 def _written_stages(report: Mapping[str, Any], out: Path) -> list[list[tuple[str, str]]]:
     """(name, op type) of each stage's nodes in the written model; the ``Identity`` nodes that
     route a graph input to later stages (``plan.routed_inputs``) are not the model's own."""
-    import onnx
-
+    from sharderd.graph.load import read_structure
     from sharderd.shard.annotate import STAGE_ATTR
 
     routed = {r["node"] for r in report["plan"]["routed_inputs"]}
-    written = onnx.load(os.fspath(out / report["outputs"]["model"]), load_external_data=False)
+    written = read_structure(out / report["outputs"]["model"])
     nodes: list[list[tuple[str, str]]] = [[] for _ in report["plan"]["stages"]]
     for node in written.graph.node:
         if node.name in routed:

@@ -26,7 +26,7 @@ from sharderd.shard.annotate import RoutedInput, annotate, check_annotation
 from sharderd.shard.convert import fix_static_shapes, to_fp16
 from sharderd.shard.matmul_serial import set_serialization
 from sharderd.shard.poprt_config import manual_sharding_yaml
-from sharderd.shard.write import copy_external_data, write_converted, write_model
+from sharderd.shard.write import copy_external_data, link_in_file, write_converted, write_model
 from sharderd.target import Target
 
 __all__ = [
@@ -200,6 +200,8 @@ def write_shard_files(
 
     At ``fp16`` (planned from an fp32 file) the weights are converted, so they are written anew:
     inline, or as ``<stem>.sharded.data`` beside the model when they pass protobuf's 2 GiB.
+    Otherwise inline weights stay inline, streamed from the user's file, and data files are
+    copied; with ``link_external`` (a compile attempt) both are reached through links instead.
     ``stage_amps[s]`` (None: the session's option) goes on stage ``s``'s conv/matmul nodes as
     ``__available_memory`` (``shard.amp``); each MatMul named in ``matmul_serialization`` gets
     PopART's ``__serialize_matmul_mode``/``__serialize_matmul_factor`` (``shard.matmul_serial``).
@@ -213,13 +215,17 @@ def write_shard_files(
         _check(model)
     set_stage_amps(model, stage_amps or ())
     set_serialization(model, matmul_serialization or {})
+    yaml_path = out_dir / f"{stem}.sharding.yaml"
     if converting:
         external = write_converted(model, model_path)
     else:
+        files = analysis.loaded.external_files
         external = copy_external_data(
-            analysis.loaded.external_files, analysis.loaded.path.parent, out_dir, link=link_external
+            files, analysis.loaded.path.parent, out_dir, link=link_external
         )
+        if link_external:  # the attempt reads inline weights from the user's file, through a link
+            taken = {model_path.name, yaml_path.name, *(f.location for f in files)}
+            external += link_in_file(model, out_dir, taken)
         write_model(model, model_path)
-    yaml_path = out_dir / f"{stem}.sharding.yaml"
     atomic_write(yaml_path, manual_sharding_yaml(model))
     return ShardFiles(model_path, yaml_path, tuple(external), routed)

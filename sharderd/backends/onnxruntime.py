@@ -22,10 +22,12 @@ never the whole model twice; the concurrent pipeline is then estimated from the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from sharderd.backends.ort_failure import AttemptFailure
 from sharderd.backends.ort_inputs import index_bounds, make_inputs
@@ -43,8 +45,9 @@ from sharderd.backends.ort_verify import (
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
 from sharderd.backends.registry import is_available
 from sharderd.errors import SharderdError
+from sharderd.graph.in_file import claim_links, drop_links, linked
 from sharderd.graph.weights import read_model_proto
-from sharderd.shard.split import split_stages, write_stages
+from sharderd.shard.split import StageModel, split_stages, write_stages
 
 __all__ = [
     "NOT_INSTALLED",
@@ -114,7 +117,8 @@ def _attempt(
     artifact = None
     if options.write_stages_dir:
         stem = model_path.name.removesuffix(".onnx").removesuffix(".sharded")
-        paths = write_stages(stages, Path(options.write_stages_dir), stem=stem)
+        written = _inline(stages, linked(model))
+        paths = write_stages(written, Path(options.write_stages_dir), stem=stem)
         details["stage_files"] = [str(p) for p in paths]
         artifact = options.write_stages_dir
     runner = StageRunner(ort, options, len(stages))
@@ -189,3 +193,16 @@ def _attempt(
     return AttemptOutcome(
         "ok", message=message, artifact=artifact, benchmark=benchmark, details=details
     )
+
+
+def _inline(stages: list[StageModel], links: dict[str, list[int]]) -> list[StageModel]:
+    """Stages to write, the weights they read through ``links`` (inline in a model file: the user's,
+    or the attempt's own) held inline again, as the stages of an inline model were."""
+    written = []
+    for stage in stages:
+        model = onnx.ModelProto()
+        model.CopyFrom(stage.model)
+        drop_links(model)
+        claim_links(model, stage.base_dir, links)
+        written.append(replace(stage, model=model))
+    return written

@@ -1,16 +1,15 @@
 """Read an ONNX model without its weights, and refuse external data that points anywhere unsafe.
 
-Weights stay on disk: ``load_external_data=False`` semantics, sizes come from dims × dtype, and
-external files are only ``stat``-ed, so a 6 GB model plans in a few hundred MB of memory.
+Weights stay on disk, inline or external: the file is read once through a bounded buffer
+(``graph.skim``), its large inline tensors becoming references to their place in it
+(``graph.in_file``); external files are only ``stat``-ed; sizes come from dims × dtype. A 1.5 GB
+inline export or a 6 GB external-data model plans in a few hundred MB of memory.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
-import shlex
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -18,7 +17,11 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from sharderd.errors import ModelInvalidError
+from sharderd.graph.in_file import point_at
+from sharderd.graph.skim import Skimmed, skim_file
 from sharderd.graph.tensors import all_tensors, tensor_nbytes
+from sharderd.graph.validate import check_tensors_and_values
+from sharderd.graph.wire import check_command, incomplete_error, truncated_field, unparsable_error
 
 __all__ = [
     "ExternalFile",
@@ -26,6 +29,7 @@ __all__ = [
     "check_command",
     "load_model",
     "parse_model_bytes",
+    "read_structure",
     "truncated_field",
 ]
 
@@ -44,13 +48,14 @@ class ExternalFile:
 class LoadedModel:
     path: Path
     model: onnx.ModelProto
-    """The model proto; external tensors keep their references, no weight bytes loaded."""
+    """The model proto; external tensors keep their references and large inline ones refer to
+    their place in the file (``graph.in_file``): no weight bytes loaded."""
     sha256: str
     """Of the .onnx file itself (external files are identified by name and size)."""
     file_bytes: int
     external_files: tuple[ExternalFile, ...]
     external_bytes: int
-    """Bytes of weights held in external files (from dims × dtype)."""
+    """Bytes of weights held in external files (from dims × dtype); inline ones are not counted."""
 
 
 def load_model(path: Path) -> LoadedModel:
@@ -68,34 +73,48 @@ def load_model(path: Path) -> LoadedModel:
             f"model {path} is {st.st_size} bytes; ONNX protobuf files must be < 2 GiB",
             hint="save large weights as external data (onnx.save(..., save_as_external_data=True))",
         )
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ModelInvalidError(f"cannot read model {path}: {exc.strerror or exc}") from None
-    model = parse_model_bytes(data, str(path))
-    files = check_external_data(model, path.parent)
-    external_bytes = sum(
+    skimmed = _skim(path, st.st_size)
+    model = parse_model_bytes(skimmed.data, str(path))
+    files = check_external_data(model, path.parent, model_file=path)
+    external_bytes = sum(  # before the inline tensors left in the file become references
         tensor_nbytes(t)
         for _, t in all_tensors(model.graph)
         if t.data_location == onnx.TensorProto.EXTERNAL
     )
+    _point_at_file(model, skimmed, path)
+    check_tensors_and_values(model, str(path))
     return LoadedModel(
         path=path,
         model=model,
-        sha256=hashlib.sha256(data).hexdigest(),
-        file_bytes=len(data),
+        sha256=skimmed.sha256,
+        file_bytes=skimmed.size,
         external_files=files,
         external_bytes=external_bytes,
     )
 
 
-def check_command(where: str) -> str:
-    """A shell command that shows onnx's own verdict on the file (exit 1 and the reason when bad).
+def read_structure(path: Path) -> onnx.ModelProto:
+    """A model file sharderd wrote, read as ``load_model`` reads one but without its checks: its
+    large inline tensors stay in it (a written model is read back in the memory of its graph)."""
+    skimmed = _skim(path, path.stat().st_size)
+    model = parse_model_bytes(skimmed.data, str(path))
+    _point_at_file(model, skimmed, path)
+    return model
 
-    ``python -m onnx.checker`` is not one: that module has no ``__main__`` and exits 0 on any file.
-    """
-    code = f"import onnx; onnx.checker.check_model({json.dumps(where)})"
-    return f"`python3 -c {shlex.quote(code)}`"
+
+def _skim(path: Path, size: int) -> Skimmed:
+    try:
+        with open(path, "rb") as f:
+            return skim_file(f, size, str(path))
+    except OSError as exc:
+        raise ModelInvalidError(f"cannot read model {path}: {exc.strerror or exc}") from None
+
+
+def _point_at_file(model: onnx.ModelProto, skimmed: Skimmed, path: Path) -> None:
+    source = str(path.absolute())
+    for span in skimmed.spans:
+        tensor = model.graph.initializer[span.index]
+        point_at(tensor, source, span.offset, span.length, span.explicit_default)
 
 
 def parse_model_bytes(data: bytes, where: str) -> onnx.ModelProto:
@@ -105,15 +124,8 @@ def parse_model_bytes(data: bytes, where: str) -> onnx.ModelProto:
     except (DecodeError, RuntimeError, ValueError) as exc:
         cut = truncated_field(data)
         if cut is not None:
-            raise ModelInvalidError(
-                f"{where} looks incomplete: the file ends inside the model's {cut} field ({len(data)} bytes "
-                "read); an interrupted copy or download leaves exactly this",
-                hint=f"Copy the file again, whole. onnx's checker shows the same: {check_command(where)}",
-            ) from None
-        raise ModelInvalidError(
-            f"{where} is not an ONNX model: the protobuf does not parse ({exc or 'corrupt'})",
-            hint=f"onnx's checker shows the same: {check_command(where)}",
-        ) from None
+            raise incomplete_error(where, f"the model's {cut} field", len(data)) from None
+        raise unparsable_error(where, str(exc) or "corrupt") from None
     if not model.HasField("graph") or model.ir_version <= 0 or not model.opset_import:
         raise ModelInvalidError(
             f"{where} is not an ONNX model: it parses, but has no graph, IR version or opset imports",
@@ -121,63 +133,6 @@ def parse_model_bytes(data: bytes, where: str) -> onnx.ModelProto:
         )
     _check_text(model.graph, where)
     return model
-
-
-_MODEL_FIELDS: dict[int, tuple[str, int]] = {
-    1: ("ir_version", 0),
-    2: ("producer_name", 2),
-    3: ("producer_version", 2),
-    4: ("domain", 2),
-    5: ("model_version", 0),
-    6: ("doc_string", 2),
-    7: ("graph", 2),
-    8: ("opset_import", 2),
-    14: ("metadata_props", 2),
-    20: ("training_info", 2),
-    25: ("functions", 2),
-}
-"""``ModelProto`` fields by number: name and wire type (0 varint, 2 length-delimited)."""
-
-
-def truncated_field(data: bytes) -> str | None:
-    """The ``ModelProto`` field a prefix of a valid model ends in, else None.
-
-    Walks the top-level wire format: every field before the last must be a ModelProto field with
-    its own wire type, and the last must run past the end of the file (a length or a varint cut
-    short). Random bytes fail the first test within a field or two; a truncated copy passes both.
-    """
-    pos, complete = 0, 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        if key is None:
-            return "field key" if complete else None
-        field = _MODEL_FIELDS.get(key >> 3)
-        if field is None or field[1] != key & 7:
-            return None
-        if field[1] == 0:
-            value, pos = _varint(data, pos)
-            if value is None:
-                return field[0] if complete else None
-        else:
-            length, pos = _varint(data, pos)
-            if length is None or pos + length > len(data):
-                return field[0] if complete else None
-            pos += length
-        complete += 1
-    return None
-
-
-def _varint(data: bytes, pos: int) -> tuple[int | None, int]:
-    """Decode a protobuf varint at ``pos``: ``(value, next position)``, value None when cut short."""
-    value = shift = 0
-    while pos < len(data) and shift < 64:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-    return None, pos
 
 
 def _check_text(graph: onnx.GraphProto, where: str) -> None:
@@ -202,13 +157,17 @@ def _check_text(graph: onnx.GraphProto, where: str) -> None:
         )
 
 
-def check_external_data(model: onnx.ModelProto, base: Path) -> tuple[ExternalFile, ...]:
+def check_external_data(
+    model: onnx.ModelProto, base: Path, *, model_file: Path | None = None
+) -> tuple[ExternalFile, ...]:
     """Check every external reference stays inside ``base`` and the bytes are there.
 
     Only ``stat`` is used: nothing is read. Symlinks are resolved, so a link pointing out of the
-    model folder is refused like an absolute path or a ``..`` would be.
+    model folder is refused like an absolute path or a ``..`` would be; so is a reference into
+    ``model_file`` itself (its offset would land inside the model's own fields).
     """
     root = Path(os.path.realpath(base))
+    own = os.path.realpath(model_file) if model_file is not None else None
     files: dict[str, tuple[int, int]] = {}
     for owner, tensor in all_tensors(model.graph):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
@@ -220,6 +179,12 @@ def check_external_data(model: onnx.ModelProto, base: Path) -> tuple[ExternalFil
             raise ModelInvalidError(f"tensor {name!r} is marked external but has no location")
         _check_location(name, location, root)
         target = root / location
+        if own is not None and os.path.realpath(target) == own:
+            raise ModelInvalidError(
+                f"tensor {name!r}: its external data location {location!r} is the model file itself; "
+                "its offset would point inside the model's own fields, not at a data file",
+                hint="save the model again with onnx.save(..., save_as_external_data=True)",
+            )
         try:
             st = target.stat()
         except OSError as exc:

@@ -7,28 +7,46 @@ them too. Locations are still held to relative paths without ``..``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path, PurePosixPath
 
 import onnx
 
 from sharderd.errors import ModelInvalidError
+from sharderd.graph.in_file import drop_links, record_links
 from sharderd.graph.load import parse_model_bytes
+from sharderd.graph.skim import skim_file
 from sharderd.graph.tensors import all_tensors, node_tensors, tensor_nbytes
 
 __all__ = ["is_external", "read_external", "read_model_proto", "with_inlined"]
 
 
 def read_model_proto(path: Path) -> onnx.ModelProto:
-    """The model proto without its weights.
+    """The model proto without its weights: large inline ones refer to their bytes in ``path``
+    itself (``location`` its file name, named in ``in_file.LINKS``), as external data onnxruntime
+    reads where it lies.
 
     Not ``load_model``: the parent validated the job already, and attempt folders may reach the
     data through a symlink that points outside them. Locations are still held to relative paths
     without ``..``.
     """
     try:
-        model = parse_model_bytes(path.read_bytes(), str(path))
+        with open(path, "rb") as f:
+            skimmed = skim_file(f, os.fstat(f.fileno()).st_size, str(path))
     except OSError as exc:
         raise ModelInvalidError(f"cannot read model {path}: {exc.strerror or exc}") from None
+    model = parse_model_bytes(skimmed.data, str(path))
+    for span in skimmed.spans:
+        tensor = model.graph.initializer[span.index]
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (
+            ("location", path.name),
+            ("offset", span.offset),
+            ("length", span.length),
+        ):
+            tensor.external_data.add(key=key, value=str(value))
+    if skimmed.spans:
+        record_links(model, {path.name: [s.offset for s in skimmed.spans if s.explicit_default]})
     for owner, tensor in all_tensors(model.graph):
         if is_external(tensor):
             location = next((e.value for e in tensor.external_data if e.key == "location"), "")
@@ -52,6 +70,8 @@ def with_inlined(
     hold their bytes."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
+    if names is None:
+        drop_links(copy)  # every reference is gone
     top = [
         t for t in copy.graph.initializer if (names is None or t.name in names) and is_external(t)
     ]

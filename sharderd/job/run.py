@@ -15,14 +15,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import onnx
-
 from sharderd.backends.ipus import IpuPool
 from sharderd.backends.pool import AttemptPool
 from sharderd.backends.registry import AttemptHosts, resolve_backend
 from sharderd.config import Config, SearchOptions
 from sharderd.errors import NoSplitError, NotProvenError, SharderdError
 from sharderd.fsutil import atomic_write
+from sharderd.graph.load import read_structure
 from sharderd.job.attempts import Contradiction
 from sharderd.job.codec import ModelSummary
 from sharderd.job.prove import Emit, Prover, ProveResult
@@ -322,7 +321,7 @@ async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult
 
 def piece_stages(model_path: Path) -> dict[str, int]:
     """Node name → ``__pipeline_stage`` of the written model (read without its weights)."""
-    model = onnx.load(model_path, load_external_data=False)
+    model = read_structure(model_path)
     return {
         n.name: a.i for n in model.graph.node for a in n.attribute if a.name == "__pipeline_stage"
     }

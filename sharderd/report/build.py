@@ -46,9 +46,14 @@ def _value_info(value: onnx.ValueInfoProto) -> dict[str, Any]:
     dims: list[int | str] = [
         d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim
     ]
+    known = tt.elem_type in onnx.TensorProto.DataType.values() and tt.elem_type != 0
     return {
         "name": value.name,
-        "dtype": onnx.helper.tensor_dtype_to_string(tt.elem_type) if tt.elem_type else "unknown",
+        "dtype": onnx.helper.tensor_dtype_to_string(tt.elem_type)
+        if known
+        else "unknown"
+        if not tt.elem_type
+        else f"unknown ({tt.elem_type})",
         "shape": dims,
     }
 

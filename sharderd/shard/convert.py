@@ -8,12 +8,15 @@ onnxruntime's float16 converter (``keep_io_types``: inputs and outputs keep thei
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import onnx
 
 from sharderd.errors import ConfigError
+from sharderd.graph.in_file import every_tensor, in_file, point_external_at
 from sharderd.graph.input_dims import graph_inputs
 from sharderd.graph.propagate import TensorType, inference_copy, propagate_value_infos
 from sharderd.shard.annotate import IPU_ATTR, STAGE_ATTR, read_annotation
@@ -43,11 +46,11 @@ def fix_static_shapes(
 def to_fp16(model: onnx.ModelProto, base_dir: Path) -> tuple[onnx.ModelProto, int]:
     """An fp16 copy of the annotated ``model``; returns it and how many Cast nodes were added.
 
-    External weights are read here (a conversion rewrites every float weight); the result holds
-    them inline, and the writer decides where they go.
+    No weight is read here: every external tensor (``base_dir`` holds the data files) becomes a
+    reference to where its bytes lie (``graph.in_file``), the converter changes the types of the
+    float ones, and the writer (``shard.write.write_converted``) streams each into the result,
+    converted on the way, inline or into one data file as their total size decides.
     """
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
     work = onnx.ModelProto()
     work.CopyFrom(model)
     # The converter decides its Casts from value_info; its own ONNX inference mis-sizes exporter
@@ -56,9 +59,14 @@ def to_fp16(model: onnx.ModelProto, base_dir: Path) -> tuple[onnx.ModelProto, in
     declared = {v.name for v in (*work.graph.input, *work.graph.output)}
     del work.graph.value_info[:]
     work.graph.value_info.extend(v for name, v in inferred.items() if name not in declared)
-    onnx.external_data_helper.load_external_data_for_model(work, str(base_dir))
+    for tensor in every_tensor(work):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and in_file(tensor) is None:
+            point_external_at(tensor, base_dir)
     try:
-        converted = convert_float_to_float16(work, keep_io_types=True, disable_shape_infer=True)
+        with _shapes_from_dims() as float16:
+            converted = float16.convert_float_to_float16(
+                work, keep_io_types=True, disable_shape_infer=True
+            )
     except Exception as exc:  # the converter raises whatever its helpers raise
         raise ConfigError(
             f"the fp16 conversion failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
@@ -66,6 +74,30 @@ def to_fp16(model: onnx.ModelProto, base_dir: Path) -> tuple[onnx.ModelProto, in
         ) from None
     added = _place_new_nodes(converted)
     return converted, added
+
+
+@contextmanager
+def _shapes_from_dims() -> Iterator[ModuleType]:
+    """onnxruntime's converter, reading a converted weight's shape from its dims.
+
+    Its ``make_value_info_from_tensor`` reads the whole tensor (``numpy_helper.to_array``) only to
+    take its shape; the weights here are references, so for the conversion that one function is
+    replaced by one that reads the dims: the same shape for every tensor the loader accepts
+    (``graph.validate``). The engine runs on one thread per process, so no other conversion sees
+    the swap.
+    """
+    from onnxruntime.transformers import float16
+
+    original = float16.make_value_info_from_tensor
+    float16.make_value_info_from_tensor = _value_info_from_dims
+    try:
+        yield float16
+    finally:
+        float16.make_value_info_from_tensor = original
+
+
+def _value_info_from_dims(tensor: onnx.TensorProto) -> onnx.ValueInfoProto:
+    return onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
 
 
 def _place_new_nodes(model: onnx.ModelProto) -> int:

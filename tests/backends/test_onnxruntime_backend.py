@@ -751,3 +751,31 @@ def test_profiled_times_are_scaled_to_the_measured_stage_times(
     stages = raw.details["profile"]["stages"]
     assert per_stage(raw.details["node_times_s"]) == pytest.approx([s["kernel_s"] for s in stages])
     assert all(s["scale"] == 1.0 for s in stages)
+
+
+@pytest.mark.parametrize("how", ["hardlink", "symlink"])
+def test_stages_of_an_attempt_reading_inline_weights_through_a_link_hold_them_inline(
+    model_path: Callable[..., Path], tmp_path: Path, how: str
+) -> None:
+    """A compile attempt's model refers to the user's inline weights through a link to the user's
+    file; the stage files it writes hold them inline, byte for byte the stages of the model
+    written whole, and the link is not copied beside them."""
+    source = model_path("transformer", hidden=64, vocab=100)  # 16 KiB weights: left in the file
+    config = PlanConfig()
+    analysis = analyze_file(source, config)
+    plan = make_plan(analysis, BUILTIN_TARGETS["cpu"], 3, config)
+    linked = write_shard_files(analysis, plan, tmp_path / "linked", "t", link_external=True)
+    whole = write_shard_files(analysis, plan, tmp_path / "whole", "t")
+    link = tmp_path / "linked" / source.name
+    assert linked.external == (link,) and link.samefile(source)
+    if how == "symlink":
+        link.unlink()
+        link.symlink_to(source)
+    stages = {}
+    for files in (linked, whole):
+        out = files.model.parent / "stages"
+        outcome = attempt(files.model, 3, write_stages_dir=str(out))
+        assert outcome.outcome == "ok", outcome.message
+        stages[files.model.parent.name] = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(stages["linked"]) == [f"t.stage{i}.onnx" for i in range(3)]
+    assert stages["linked"] == stages["whole"]

@@ -20,6 +20,7 @@ from sharderd.config import PlanConfig
 from sharderd.engine import analyze_file, annotated_model, make_plan
 from sharderd.errors import ModelInvalidError
 from sharderd.graph.dataflow import body_outer_references, build_dataflow
+from sharderd.graph.in_file import in_file_tensors
 from sharderd.shard.annotate import STAGE_ATTR, annotate
 from sharderd.shard.split import (
     ANNOTATIONS,
@@ -41,11 +42,18 @@ CASES = [
 
 
 def planned(path: Path, devices: int, config: PlanConfig | None = None) -> onnx.ModelProto:
-    """The engine's annotated model for ``devices`` CPU stages."""
+    """The engine's annotated model for ``devices`` CPU stages, its inline weights read in (the
+    engine holds large ones as references into the file, for its writers: ``graph.in_file``)."""
     config = config or PlanConfig()
     analysis = analyze_file(path, config)
     plan = make_plan(analysis, BUILTIN_TARGETS["cpu"], devices, config)
     model, _ = annotated_model(analysis, plan)
+    for tensor, where in list(in_file_tensors(model)):
+        with open(where.source, "rb") as f:
+            f.seek(where.offset)
+            tensor.raw_data = f.read(where.length)
+        tensor.ClearField("data_location")
+        del tensor.external_data[:]
     return model
 
 
