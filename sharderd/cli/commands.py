@@ -2,12 +2,16 @@
 
 Exit codes (other tools rely on them): 0 done, 1 failed (compile or verification), 2 bad input or
 usage, 3 does not fit (proven), 4 backend unavailable, 5 no fitting split found (not proven).
+A reader that closes stdout early (``sharderd status --json | head``) ends any command quietly
+with 141, the status of a process killed by SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -71,7 +75,7 @@ def _cmd_shard(args: argparse.Namespace) -> int:
     import anyio
 
     from sharderd.cli.progress import progress
-    from sharderd.job.local import run_local
+    from sharderd.job.local import check_model_file, occupied, run_local
     from sharderd.job.run import JobFailed, JobSpec
     from sharderd.report.markdown import render_markdown
 
@@ -92,6 +96,14 @@ def _cmd_shard(args: argparse.Namespace) -> int:
     )
     stem = args.model.name.removesuffix(".onnx")
     out_dir = args.out or Path(f"{stem}.sharded")
+    check_model_file(args.model)
+    problem = None if args.overwrite else occupied(out_dir)
+    if problem is not None:
+        raise ConfigError(
+            problem,
+            hint="add --overwrite to write into it anyway (files of the same names are replaced), "
+            "or name another folder with --out",
+        )
     spec = JobSpec(
         model=args.model,
         out_dir=out_dir,
@@ -254,10 +266,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # the command's own usage, not the root's: argparse would blame ``sharderd`` itself
         args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return _COMMANDS[args.command](args)
+        code = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then seen below
+        return code
     except SharderdError as err:
         print(f"sharderd: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("sharderd: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``sharderd status --json | head``): stop quietly, as a
+    program killed by SIGPIPE would, with its exit status 141 (128 + SIGPIPE)."""
+    # Python flushes stdout again at exit and would print that error: point it at /dev/null.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from sharderd import __version__
 from sharderd.config import Config, amend_plan, load_config
@@ -67,9 +68,18 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, **kwargs: Any
+) -> argparse.ArgumentParser:
+    """A command's parser. No abbreviations anywhere: ``--device 4`` is an error, not
+    ``--devices 4``, and a flag added later cannot change what someone's script meant."""
+    return sub.add_parser(name, allow_abbrev=False, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sharderd",
+        allow_abbrev=False,
         description=_DESCRIPTION,
         epilog="Exit codes: 0 done, 1 compile or verification failed, 2 bad input or usage, 3 does not fit "
         "(proven: the weights alone, or one node compiled alone), 4 backend unavailable, 5 no fitting "
@@ -78,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sharderd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "plan",
         help="print the plan; write nothing",
         epilog="plan never compiles or runs the model; to prove a plan (--backend, --optimal-perf, "
@@ -87,9 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--json", action="store_true", help="print report.json's content")
 
-    p = sub.add_parser("shard", help="plan, annotate, prove (backend) and write the sharded model")
+    p = _command(sub, "shard", help="plan, annotate, prove (backend) and write the sharded model")
     _add_common(p)
     p.add_argument("--out", "-o", type=Path, help="output folder (default ./<stem>.sharded/)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into an output folder that already holds files (files of the same names are "
+        "replaced, others stay); without it such a folder is refused",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
     p.add_argument(
@@ -113,13 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds per attempt (default: search.attempt_timeout)",
     )
 
-    p = sub.add_parser("example-model", help="write a model generated locally (no download)")
-    p.add_argument(
-        "kind",
-        nargs="?",
-        default="transformer",
-        help="transformer, cnn, shared_weights, with_if, multi_io, chain",
+    p = _command(sub, "example-model", help="write a model generated locally (no download)")
+    kind = p.add_argument(
+        "kind", nargs="?", default="transformer", help="one of %(kinds)s (default %(default)s)"
     )
+    # argparse fills %(kinds)s from the action's attributes, only when help is printed: the
+    # builders import onnx, which no other command's start-up should pay for.
+    setattr(kind, "kinds", _ExampleKinds())  # noqa: B010 (Action has no such attribute)
     p.add_argument("--out", "-o", type=Path, help="output .onnx (default ./example-<kind>.onnx)")
     p.add_argument(
         "--external-data", action="store_true", help="store weights in <stem>.data beside it"
@@ -132,35 +149,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="builder option, e.g. layers=12",
     )
 
-    p = sub.add_parser("check-config", help="validate a config file and print the effective config")
+    p = _command(sub, "check-config", help="validate a config file and print the effective config")
     p.add_argument("file", nargs="?", type=Path, default=Path("sharderd.toml"))
 
-    p = sub.add_parser(
-        "run", help="run the inbox daemon (JSON logs on stdout; the systemd service)"
-    )
+    p = _command(sub, "run", help="run the inbox daemon (JSON logs on stdout; the systemd service)")
     p.add_argument("--config", "-c", type=Path, help="sharderd.toml (default: built-in defaults)")
 
     ops_config = "the daemon's sharderd.toml (default: /etc/sharderd/sharderd.toml if it exists, else built-in defaults)"
-    p = sub.add_parser(
-        "status", help="is the daemon up, and its queue and pool (exit 1 when it is not up)"
+    p = _command(
+        sub, "status", help="is the daemon up, and its queue and pool (exit 1 when it is not up)"
     )
     p.add_argument("--config", "-c", type=Path, help=ops_config)
     p.add_argument("--json", action="store_true", help="print the verdict and status.json as JSON")
 
-    p = sub.add_parser(
-        "retry", help="move a failed job's input from state_dir/failed/ back into the inbox"
+    p = _command(
+        sub, "retry", help="move a failed job's input from state_dir/failed/ back into the inbox"
     )
     p.add_argument("name", help="the job's folder in state_dir/failed/")
     p.add_argument("--config", "-c", type=Path, help=ops_config)
 
-    p = sub.add_parser(
-        "cancel", help="ask the daemon to cancel a pending or running job (it goes to failed/)"
+    p = _command(
+        sub, "cancel", help="ask the daemon to cancel a pending or running job (it goes to failed/)"
     )
     p.add_argument("job_id", help="as in the log's job_id and `sharderd status`")
     p.add_argument("--config", "-c", type=Path, help=ops_config)
     for command in sub.choices.values():
         command.set_defaults(command_parser=command)
     return parser
+
+
+class _ExampleKinds:
+    """The names of ``sharderd.examples.EXAMPLES``, read when ``str()`` asks (help is printed)."""
+
+    def __str__(self) -> str:
+        from sharderd.examples import EXAMPLES
+
+        return ", ".join(EXAMPLES)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

@@ -8,10 +8,36 @@ from pathlib import Path
 
 from sharderd.backends.ipus import IpuPool
 from sharderd.backends.pool import AttemptPool
+from sharderd.errors import ModelInvalidError
 from sharderd.job.prove import Emit
 from sharderd.job.run import JobFailed, JobResult, JobSpec, shard_job, write_report
 
-__all__ = ["run_local"]
+__all__ = ["check_model_file", "occupied", "run_local"]
+
+
+def occupied(out_dir: Path) -> str | None:
+    """Why writing the results into ``out_dir`` would overwrite something, or None when it would
+    not (the folder is missing or empty). The caller refuses, naming its own way to insist."""
+    if not out_dir.exists():
+        return None
+    if not out_dir.is_dir():
+        return f"output folder {out_dir} exists and is not a folder"
+    if any(out_dir.iterdir()):
+        return f"output folder {out_dir} already holds files, e.g. the results of an earlier run"
+    return None
+
+
+def check_model_file(path: Path) -> None:
+    """A model that cannot be opened is said at once, before any progress event.
+
+    Raises:
+        ModelInvalidError: it is missing, a folder, or unreadable.
+    """
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise ModelInvalidError(f"cannot read model {path}: {exc.strerror or exc}") from None
 
 
 async def run_local(spec: JobSpec, *, emit: Emit) -> JobResult:
@@ -21,6 +47,10 @@ async def run_local(spec: JobSpec, *, emit: Emit) -> JobResult:
         JobFailed: the job's error and its partial report; when there is one (the model was
             read), it is already written to ``spec.out_dir`` with its verdict and any attempts.
     """
+    try:
+        check_model_file(spec.model)
+    except ModelInvalidError as err:
+        raise JobFailed(err, None) from None
     pool = AttemptPool(spec.search.parallel, ipus=IpuPool.of_setting(spec.config.poprt.ipus))
     with tempfile.TemporaryDirectory(prefix="sharderd-attempts-") as work:
         try:
