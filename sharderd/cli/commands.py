@@ -17,17 +17,22 @@ import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sharderd.cli import host
 from sharderd.cli.parser import build_parser, config_from_args
 from sharderd.config import Config, load_config, search_options
 from sharderd.errors import EXIT_FAILED, EXIT_OK, ConfigError, SharderdError
+
+if TYPE_CHECKING:
+    from sharderd.job.run import JobSpec
 
 __all__ = ["main"]
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from sharderd.engine import analyze_file, make_plan
+    from sharderd.report.assumptions import defaulted_dims
     from sharderd.report.build import (
         as_given,
         model_facts,
@@ -50,10 +55,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     model = model_facts(analysis)
     if serialized:  # the report names the user's file, not the temporary serialized copy
         model = as_given(model, args.model)
+    assumed = defaulted_dims(model["inputs"], config)
+    _say_assumed(assumed)
     report = report_dict(
         timings_s={"load_and_analyze": analyzed - started, "plan": time.perf_counter() - analyzed},
         model=model,
-        warnings=analysis.warnings,
+        warnings=[*assumed, *analysis.warnings],
         target=target,
         plan=plan_section(plan, config.plan.batch_size),
         batch_size=config.plan.batch_size,
@@ -97,12 +104,11 @@ def _cmd_shard(args: argparse.Namespace) -> int:
     stem = args.model.name.removesuffix(".onnx")
     out_dir = args.out or Path(f"{stem}.sharded")
     check_model_file(args.model)
-    problem = None if args.overwrite else occupied(out_dir)
+    problem = None if args.overwrite else occupied(out_dir, stem)
     if problem is not None:
         raise ConfigError(
             problem,
-            hint="add --overwrite to write into it anyway (files of the same names are replaced), "
-            "or name another folder with --out",
+            hint="add --overwrite to replace it, or name another folder with --out",
         )
     spec = JobSpec(
         model=args.model,
@@ -118,15 +124,33 @@ def _cmd_shard(args: argparse.Namespace) -> int:
             result = anyio.run(partial(run_local, spec, emit=emit))
         except JobFailed as failed:
             if failed.report is not None:
+                _say_assumed(_assumed(failed.report, spec))
                 what = "the failed attempts" if failed.report.get("attempts") else "the failed job"
                 print(f"sharderd: report of {what}: {out_dir}/report.md", file=sys.stderr)
             raise failed.error from None
+    _say_assumed(_assumed(result.report, spec))
     if args.json:
         print(json.dumps(result.report, indent=1))
     elif not args.quiet:
         print(render_markdown(result.report), end="")
         print(f"wrote {out_dir}/")
     return EXIT_OK
+
+
+def _assumed(report: dict[str, Any], spec: JobSpec) -> list[str]:
+    """The report's warnings about what was assumed, recomputed from its facts (never its text)."""
+    from sharderd.backends.registry import fallback_warnings
+    from sharderd.report.assumptions import defaulted_dims
+
+    target = spec.config.target(spec.target)
+    fallback = fallback_warnings(spec.search.backend, str(report.get("backend")), target)
+    return [*fallback, *defaulted_dims(report["model"]["inputs"], spec.config)]
+
+
+def _say_assumed(warnings: Sequence[str]) -> None:
+    """A ``warning:`` line on stderr for each (also with ``--json`` and ``--quiet``)."""
+    for text in warnings:
+        print(f"sharderd: warning: {text}", file=sys.stderr)
 
 
 def _cmd_example(args: argparse.Namespace) -> int:
@@ -152,21 +176,12 @@ def _cmd_example(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_check_config(args: argparse.Namespace) -> int:
-    from sharderd.config import describe_config
-
-    print(describe_config(load_config(args.file)), end="")
-    return EXIT_OK
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     """The daemon; SIGTERM or SIGINT stop it cleanly (exit 0), also during start-up."""
-    import signal
-
     import anyio
 
     from sharderd.daemon.service import serve
-    from sharderd.logs import configure_logging
+    from sharderd.logs import configure_logging, get_logger
 
     # Until serve() installs its own handlers, a stop request interrupts start-up before anything
     # was claimed: turn SIGTERM into the same KeyboardInterrupt as SIGINT and exit cleanly.
@@ -177,14 +192,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         anyio.run(serve, config)
     except KeyboardInterrupt:
         print("sharderd: stopped during start-up", file=sys.stderr)
+    except ConfigError as err:  # refused at start: say it in the log too, not on stderr alone
+        get_logger(__name__).error("daemon.refused", message=err.message, hint=err.hint)
+        raise
     return EXIT_OK
 
 
 def _ops_config(args: argparse.Namespace) -> Config:
-    from sharderd.cli.status import OPS_CONFIG
+    from sharderd.cli.status import ops_config
 
-    path = args.config or (OPS_CONFIG if OPS_CONFIG.is_file() else None)
-    return load_config(path)
+    return ops_config(args.config)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -253,7 +270,9 @@ _COMMANDS = {
     "plan": _cmd_plan,
     "shard": _cmd_shard,
     "example-model": _cmd_example,
-    "check-config": _cmd_check_config,
+    "check-config": host.cmd_check_config,
+    "doctor": host.cmd_doctor,
+    "sdk-env": host.cmd_sdk_env,
     "run": _cmd_run,
     "status": _cmd_status,
     "retry": _cmd_retry,

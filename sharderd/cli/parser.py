@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sharderd import __version__
+from sharderd.backends.poplar_sdk import ENV_FILE
 from sharderd.config import Config, amend_plan, load_config
 from sharderd.errors import ConfigError
 
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         "split found (not proven). `sharderd COMMAND --help` shows a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"sharderd {__version__}")
+    ops_config = "the daemon's sharderd.toml (default: /etc/sharderd/sharderd.toml if it exists, else built-in defaults)"
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = _command(
@@ -104,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="write into an output folder that already holds files (files of the same names are "
-        "replaced, others stay); without it such a folder is refused",
+        help="write into an output folder that holds an earlier result, replacing its files of the "
+        "same names (others stay); without it such a folder is refused",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
@@ -149,13 +151,49 @@ def build_parser() -> argparse.ArgumentParser:
         help="builder option, e.g. layers=12",
     )
 
-    p = _command(sub, "check-config", help="validate a config file and print the effective config")
+    env_file_help = (
+        "the unit's EnvironmentFile= (the Poplar SDK's variables, written by `sharderd sdk-env`); "
+        "poprt is imported with it (default: %(default)s)"
+    )
+    p = _command(
+        sub,
+        "check-config",
+        help="validate a config file, print the effective config, and refuse (exit 2) what "
+        "`sharderd run` would refuse, with its messages",
+    )
     p.add_argument("file", nargs="?", type=Path, default=Path("sharderd.toml"))
+    p.add_argument("--env-file", type=Path, default=ENV_FILE, help=env_file_help)
+
+    p = _command(
+        sub,
+        "doctor",
+        help="is this host ready for the service: run's checks, poprt and its SDK, IPUs, folders "
+        "(exit 1 when something fails; each failure says its fix)",
+    )
+    p.add_argument("--config", "-c", type=Path, help=ops_config)
+    p.add_argument("--env-file", type=Path, default=ENV_FILE, help=env_file_help)
+    p.add_argument("--json", action="store_true", help="the findings as JSON")
+
+    p = _command(
+        sub,
+        "sdk-env",
+        help="write the service's EnvironmentFile= from the Poplar SDK's enable script: the "
+        "variables it adds or changes in a clean bash",
+    )
+    p.add_argument(
+        "script", type=Path, help="the SDK's enable script, e.g. /opt/poplar_sdk-VERSION/enable"
+    )
+    p.add_argument(
+        "--out",
+        "-o",
+        type=Path,
+        default=ENV_FILE,
+        help="the file to write, - for stdout (default: %(default)s)",
+    )
 
     p = _command(sub, "run", help="run the inbox daemon (JSON logs on stdout; the systemd service)")
     p.add_argument("--config", "-c", type=Path, help="sharderd.toml (default: built-in defaults)")
 
-    ops_config = "the daemon's sharderd.toml (default: /etc/sharderd/sharderd.toml if it exists, else built-in defaults)"
     p = _command(
         sub, "status", help="is the daemon up, and its queue and pool (exit 1 when it is not up)"
     )

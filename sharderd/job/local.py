@@ -10,20 +10,23 @@ from sharderd.backends.ipus import IpuPool
 from sharderd.backends.pool import AttemptPool
 from sharderd.errors import ModelInvalidError
 from sharderd.job.prove import Emit
-from sharderd.job.run import JobFailed, JobResult, JobSpec, shard_job, write_report
+from sharderd.job.run import REPORT_FILES, JobFailed, JobResult, JobSpec, shard_job, write_report
 
 __all__ = ["check_model_file", "occupied", "run_local"]
 
 
-def occupied(out_dir: Path) -> str | None:
-    """Why writing the results into ``out_dir`` would overwrite something, or None when it would
-    not (the folder is missing or empty). The caller refuses, naming its own way to insist."""
+def occupied(out_dir: Path, stem: str) -> str | None:
+    """Why writing the results into ``out_dir`` would overwrite an earlier result, or None when it
+    would not: the folder is missing, or holds none of the files every result has (a model's own
+    folder is a fine ``out``). The caller refuses, naming its own way to insist."""
     if not out_dir.exists():
         return None
     if not out_dir.is_dir():
         return f"output folder {out_dir} exists and is not a folder"
-    if any(out_dir.iterdir()):
-        return f"output folder {out_dir} already holds files, e.g. the results of an earlier run"
+    names = (f"{stem}.sharded.onnx", f"{stem}.sharding.yaml", *REPORT_FILES)
+    found = [name for name in names if (out_dir / name).exists()]
+    if found:
+        return f"output folder {out_dir} already holds a result ({', '.join(found)}): writing would replace it"
     return None
 
 

@@ -16,7 +16,12 @@ from typing import Any
 import onnx
 
 from sharderd.backends.pool import AttemptPool
-from sharderd.backends.registry import AttemptHosts, resolve_backend
+from sharderd.backends.registry import (
+    PROVEN_STATUS,
+    AttemptHosts,
+    fallback_warnings,
+    resolve_backend,
+)
 from sharderd.config import Config, SearchOptions
 from sharderd.errors import NoSplitError, NotProvenError, SharderdError
 from sharderd.fsutil import atomic_write
@@ -31,13 +36,17 @@ from sharderd.job.session import (
     Serialize,
     WorkerSession,
 )
+from sharderd.report.assumptions import defaulted_dims
 from sharderd.report.attempts import attempt_dict
 from sharderd.report.build import as_given, plan_section, report_dict, serialized_section
 from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
 from sharderd.shard.serialize import Serialized
 
-__all__ = ["JobFailed", "JobResult", "JobSpec", "shard_job", "write_report"]
+__all__ = ["REPORT_FILES", "JobFailed", "JobResult", "JobSpec", "shard_job", "write_report"]
+
+REPORT_FILES = ("report.json", "report.md", "report.html")
+"""Written into every result folder, also of a job that failed after reading the model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +89,10 @@ class JobFailed(SharderdError):
 def write_report(report: Mapping[str, Any], out_dir: Path) -> None:
     """report.json is the source; report.md and report.html are its renderings for people."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(out_dir / "report.json", json.dumps(report, indent=1) + "\n")
-    atomic_write(out_dir / "report.md", render_markdown(report))
-    atomic_write(out_dir / "report.html", render_html(report))
+    as_json, as_md, as_html = (out_dir / name for name in REPORT_FILES)
+    atomic_write(as_json, json.dumps(report, indent=1) + "\n")
+    atomic_write(as_md, render_markdown(report))
+    atomic_write(as_html, render_html(report))
 
 
 async def shard_job(
@@ -97,7 +107,10 @@ async def shard_job(
     config = spec.config
     target = config.target(spec.target)
     hosts = pool.runner if isinstance(pool.runner, AttemptHosts) else None
-    backend = resolve_backend(spec.search.backend, target, hosts)
+    backend = resolve_backend(
+        spec.search.backend, target, hosts, fallback=spec.search.auto_fallback
+    )
+    notes = fallback_warnings(spec.search.backend, backend, target)
     emit(
         "backend.selected",
         {"backend": backend, "requested": spec.search.backend, "target": target.name},
@@ -136,7 +149,7 @@ async def shard_job(
             return None
         return report_dict(
             model=summary.facts,
-            warnings=list(summary.warnings),
+            warnings=_warnings(notes, summary, config),
             target=target,
             plan=plan,
             batch_size=config.plan.batch_size,
@@ -165,6 +178,7 @@ async def shard_job(
                     "rules every split out, and backend none compiles nothing",
                     hint=f"rerun with --devices {spec.devices + 1}, or with a compile backend to let "
                     "the compiler decide",
+                    reruns=({"devices": spec.devices + 1}, {"backend": "poprt"}),
                 )
             final = await session.plan(
                 replace(request, write_dir=str(spec.out_dir), link_external=False)
@@ -173,7 +187,7 @@ async def shard_job(
                 "plan.finished",
                 {"digest": final.plan.digest, "bottleneck_s": final.plan.bottleneck_s},
             )
-            status, extra = "not_compiled", {}
+            status, extra = PROVEN_STATUS[backend], {}
         else:
             workdir.mkdir(parents=True, exist_ok=True)
             prover = Prover(
@@ -193,7 +207,7 @@ async def shard_job(
             finally:
                 attempts = [attempt_dict(a) for a in prover.attempts]
             final = await _write_chosen(session, spec, proven)
-            status, extra = "compiled", _extra(proven)
+            status, extra = PROVEN_STATUS[backend], _extra(proven)
             if backend == "poprt":
                 chosen = proven.chosen
                 stage_amps = chosen.key.stage_amps or (chosen.key.amp,) * final.plan.devices
@@ -222,7 +236,7 @@ async def shard_job(
         extra["serialized"] = serialized_section(serialized, stages)
     report = report_dict(
         model=summary.facts,
-        warnings=list(summary.warnings),
+        warnings=_warnings(notes, summary, config),
         target=target,
         plan=plan_section(
             final.plan, config.plan.batch_size, final.files.routed, stage_amps, serialized_matmuls
@@ -263,6 +277,12 @@ def piece_stages(model_path: Path) -> dict[str, int]:
     return {
         n.name: a.i for n in model.graph.node for a in n.attribute if a.name == "__pipeline_stage"
     }
+
+
+def _warnings(notes: list[str], summary: ModelSummary, config: Config) -> list[str]:
+    """What the run assumed (the backend's fallback, dims given no value) before the analysis's."""
+    assumed = defaulted_dims(summary.facts["inputs"], config)
+    return [*notes, *assumed, *summary.warnings]
 
 
 def _extra(proven: ProveResult) -> dict[str, Any]:

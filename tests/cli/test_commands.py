@@ -85,36 +85,40 @@ def test_a_folder_given_as_the_model_is_said_before_any_event(tmp_path: Path, ru
     assert proc.stderr.startswith("sharderd: error: cannot read model") and "[" not in proc.stderr
 
 
-def test_shard_refuses_a_folder_that_holds_files_and_overwrite_writes_into_it(
+def test_shard_refuses_a_folder_that_holds_a_result_and_overwrite_replaces_it(
     model_path: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model = model_path("chain")
     out = tmp_path / "out"
-    out.mkdir()  # an empty folder is no result to lose: written into
-    args = [
-        "shard",
-        str(model),
-        "--devices",
-        "2",
-        "--backend",
-        "none",
-        "--quiet",
-        "--out",
-        str(out),
-    ]
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")  # not a result: written beside it
+    args = ["shard", str(model), "-n", "2", "-b", "none", "-q", "-o", str(out)]
     assert cli_main(args) == EXIT_OK
     first = json.loads((out / "report.json").read_text())
-    (out / "notes.txt").write_text("mine")
     capsys.readouterr()
 
     assert cli_main(args) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
-    assert f"output folder {out} already holds files" in err and "add --overwrite" in err
+    assert f"output folder {out} already holds a result (chain.sharded.onnx, " in err
+    assert "add --overwrite to replace it" in err
     assert json.loads((out / "report.json").read_text()) == first  # untouched
 
     assert cli_main([*args, "--overwrite"]) == EXIT_OK
     assert json.loads((out / "report.json").read_text())["created"] >= first["created"]
     assert (out / "notes.txt").read_text() == "mine"  # files of other names stay
+
+
+@pytest.mark.parametrize("left", ["report.json", "chain.sharding.yaml", "chain.sharded.onnx"])
+def test_any_file_of_a_result_counts_as_one(
+    model_path: Callable[..., Path], tmp_path: Path, left: str
+) -> None:
+    """A failed run leaves its reports only; a half-copied result may miss some: each is refused."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / left).write_text("earlier")
+    args = ["shard", str(model_path("chain")), "-n", "2", "-b", "none", "-q", "--out", str(out)]
+    assert cli_main(args) == EXIT_BAD_INPUT
+    assert (out / left).read_text() == "earlier"
 
 
 def test_shard_refuses_a_file_where_the_folder_goes(
@@ -150,7 +154,10 @@ def _closed_stdout(*args: str, cwd: Path) -> tuple[int, str]:
 @pytest.mark.parametrize("command", [["status", "--json"], ["status"], ["check-config"]])
 def test_a_closed_pipe_ends_a_command_quietly(tmp_path: Path, command: list[str]) -> None:
     config = tmp_path / "sharderd.toml"
-    config.write_text(f'[daemon]\nstate_dir = "{tmp_path / "state"}"\n')
+    root = "true" if os.geteuid() == 0 else "false"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nbackend = "none"\nallow_root = {root}\n'
+    )
     extra = ["--config", str(config)] if command[0] == "status" else [str(config)]
     code, err = _closed_stdout(*command, *extra, cwd=tmp_path)
     assert err == "" and code == 128 + signal.SIGPIPE
