@@ -8,14 +8,17 @@ The heavy modules (onnx, numpy, the engine) load on the first call, not on ``imp
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, cast
 
+from sharderd.api_hints import Call
 from sharderd.config import Config, amend_plan, search_options
 from sharderd.config import load_config as _load_config
 from sharderd.errors import ConfigError
@@ -23,6 +26,8 @@ from sharderd.results import Plan, ShardResult, plan_from_section, shard_result
 from sharderd.target import BUILTIN_TARGETS, Target
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     import onnx
 
 __all__ = ["load_config", "plan", "shard", "shard_async", "targets"]
@@ -60,30 +65,50 @@ def plan(
     dims: Mapping[str, int] | None = None,
     batch_size: int | None = None,
     precision: Precision | None = None,
+    safety_margin: float | None = None,
+    name_nodes: bool = False,
     serialize: bool = True,
     config: Config | str | os.PathLike[str] | None = None,
 ) -> Plan:
     """Split ``model`` into ``devices`` pipeline stages; compile nothing, write nothing.
 
     ``target`` is a name (``targets()``) or a ``Target``; ``None`` takes the config's ``[target]``
-    (``ipu-mk2`` by default). ``input_shapes``, ``dims``, ``batch_size`` and ``precision`` amend
-    the config's ``[plan]`` as ``sharderd plan``'s flags do. ``serialize=False`` never rewrites a
-    node into pieces, neither one too big for one device nor one whose own cost holds the
-    bottleneck up (``--no-serialize``; see docs/how-it-works.md, "When one op is too big").
+    (``ipu-mk2`` by default). ``input_shapes``, ``dims``, ``batch_size``, ``precision`` and
+    ``safety_margin`` amend the config's ``[plan]`` as ``sharderd plan``'s flags do;
+    ``name_nodes=True`` names unnamed or duplicate nodes ``<OpType>_<k>`` instead of refusing the
+    model (``--name-nodes``). ``serialize=False`` never rewrites a node into pieces, neither one too
+    big for one device nor one whose own cost holds the bottleneck up (``--no-serialize``). A
+    symbolic leading dim nothing sets is planned at the default ``batch_size`` (1), with a
+    ``UserWarning`` naming it. A split the estimate says overflows comes back with
+    ``method == "overfull"`` (``sharderd plan`` prints it and exits 5): ``shard`` with a compile
+    backend lets the compiler decide.
 
     Raises:
-        PlanInfeasibleError: no split onto ``devices`` fits (exit code 3).
-        ModelInvalidError, DimsUnresolvedError, ConfigError: bad model or arguments (exit code 2).
+        ConfigError: a bad argument or config value (exit code 2).
+        ModelInvalidError: the model cannot be read, or breaks a rule sharderd needs, e.g.
+            unnamed nodes without ``name_nodes=True`` (exit code 2).
+        DimsUnresolvedError: a symbolic input dim nothing gives a value (exit code 2).
+        NotProvenError: no fitting split found on ``devices``, and none is proven impossible:
+            the common "does not fit" of an estimate; ``err.min_devices`` is the count the
+            estimate suggests, when known (exit code 5).
+        PlanInfeasibleError: proven not to fit on ``devices`` (``err.grounds``: the weights alone)
+            (exit code 3). Both are ``NoSplitError``.
+
+    Each error's ``hint`` is a call that gets past it, in Python terms.
     """
     from sharderd.engine import analyze_file
-    from sharderd.report.build import plan_section
+    from sharderd.report.assumptions import defaulted_dims
+    from sharderd.report.build import model_facts, plan_section
     from sharderd.shard.serialize_bottleneck import planned
 
-    cfg, target_name = _config(config, target, input_shapes, dims, batch_size, precision, serialize)
-    with _model_file(model, _IN_MEMORY_STEM) as path:
-        chosen, made = planned(
-            analyze_file(path, cfg.plan), cfg.plan, cfg.target(target_name), devices
-        )
+    call = Call("plan", model, dict(locals()))
+    with call.hints():
+        cfg, target_name = _config(call.arguments)
+        with _model_file(model, _IN_MEMORY_STEM) as path:
+            chosen, made = planned(
+                analyze_file(path, cfg.plan), cfg.plan, cfg.target(target_name), devices
+            )
+        _warn(defaulted_dims(model_facts(chosen.analysis)["inputs"], cfg))
     flow, stage_of = chosen.analysis.flow, made.assignment
     nodes: list[list[tuple[str, str]]] = [[] for _ in range(made.devices)]
     for i, (name, op) in enumerate(zip(flow.node_names, flow.op_types, strict=True)):
@@ -102,49 +127,50 @@ def shard(
     dims: Mapping[str, int] | None = None,
     batch_size: int | None = None,
     precision: Precision | None = None,
+    safety_margin: float | None = None,
+    name_nodes: bool = False,
+    keep_dynamic: bool = False,
     serialize: bool = True,
     optimal_perf: bool | None = None,
     max_attempts: int | None = None,
     parallel: int | None = None,
     attempt_timeout: float | None = None,
+    overwrite: bool = False,
     stem: str | None = None,
     config: Config | str | os.PathLike[str] | None = None,
     on_event: OnEvent | None = None,
 ) -> ShardResult:
     """Plan, prove on ``backend`` and write the sharded model into ``out``, as ``sharderd shard``.
 
-    ``backend``, ``optimal_perf``, ``max_attempts``, ``parallel`` and ``attempt_timeout`` amend the
-    config's ``[search]`` (``None``: the config's value; ``backend`` defaults to ``auto``). The files
-    are named ``<stem>.sharded.onnx`` and ``<stem>.sharding.yaml``; ``stem`` defaults to the model
+    Takes ``plan``'s arguments, and ``keep_dynamic=True`` to write the model with the input dims
+    as the file has them (``--keep-dynamic``). ``backend``, ``optimal_perf``, ``max_attempts``,
+    ``parallel`` and ``attempt_timeout`` amend the config's ``[search]`` (``None``: the config's
+    value; ``backend`` defaults to ``auto``: poprt for an IPU target when it imports, else
+    onnxruntime, with a warning in the report). An ``out`` that holds an earlier result is refused
+    unless ``overwrite=True`` (files of the same names are replaced, others stay). The files are
+    named ``<stem>.sharded.onnx`` and ``<stem>.sharding.yaml``; ``stem`` defaults to the model
     file's name without ``.onnx`` (``model`` for a model in memory). Runs its own event loop: from
     async code, await ``shard_async`` instead.
 
     Raises:
-        SharderdError: the job's error, by type (exit code as the CLI's). When compile attempts ran,
-            their report is written to ``out`` (report.json, report.md, report.html) first.
+        ConfigError, ModelInvalidError, DimsUnresolvedError: as ``plan``; also an ``out`` holding
+            an earlier result (exit code 2).
+        NotProvenError, PlanInfeasibleError: as ``plan``, and from what the compiles showed
+            (exit codes 5 and 3).
+        BackendUnavailableError: the backend asked for cannot run here (exit code 4).
+        CompileFailedError: every compile failed for a reason other than memory (exit code 1).
+        VerificationError: onnxruntime's outputs differ from the model's (exit code 1).
+        OutputWriteError: the results could not be written (exit code 1).
+
+    When the model was read, the report of the failed job (its verdict, error and attempts) is
+    in ``out`` (report.json, report.md, report.html) before the error is raised. Each error's
+    ``hint`` is a call that gets past it, in Python terms.
     """
+    options = dict(locals())
     import anyio
 
     async def run() -> ShardResult:
-        return await shard_async(
-            model,
-            devices=devices,
-            out=out,
-            backend=backend,
-            target=target,
-            input_shapes=input_shapes,
-            dims=dims,
-            batch_size=batch_size,
-            precision=precision,
-            serialize=serialize,
-            optimal_perf=optimal_perf,
-            max_attempts=max_attempts,
-            parallel=parallel,
-            attempt_timeout=attempt_timeout,
-            stem=stem,
-            config=config,
-            on_event=on_event,
-        )
+        return await shard_async(**options)
 
     return anyio.run(run)
 
@@ -160,46 +186,56 @@ async def shard_async(
     dims: Mapping[str, int] | None = None,
     batch_size: int | None = None,
     precision: Precision | None = None,
+    safety_margin: float | None = None,
+    name_nodes: bool = False,
+    keep_dynamic: bool = False,
     serialize: bool = True,
     optimal_perf: bool | None = None,
     max_attempts: int | None = None,
     parallel: int | None = None,
     attempt_timeout: float | None = None,
+    overwrite: bool = False,
     stem: str | None = None,
     config: Config | str | os.PathLike[str] | None = None,
     on_event: OnEvent | None = None,
 ) -> ShardResult:
     """``shard`` for anyio or asyncio programs: the compiles run as subprocesses of this loop.
-    Planning runs in this thread, as with the CLI: it blocks the loop while it plans."""
+    Planning runs in this thread, as with the CLI: it blocks the loop while it plans. Raises as
+    ``shard``."""
+    from sharderd.backends.registry import fallback_warnings
+    from sharderd.job.outdir import check_model_file, occupied
     from sharderd.job.run import JobFailed, JobSpec, run_local
+    from sharderd.report.assumptions import defaulted_dims
 
-    cfg, target_name = _config(config, target, input_shapes, dims, batch_size, precision, serialize)
-    given: dict[str, Any] = {
-        "backend": backend,
-        "optimal_perf": optimal_perf,
-        "max_attempts": max_attempts,
-        "parallel": parallel,
-        "attempt_timeout": attempt_timeout,
-    }
-    # SearchConfig checks each value as it checks a config file's
-    amended = replace(cfg.search, **{k: v for k, v in given.items() if v is not None})
-    cfg = replace(cfg, search=amended)
-    search = search_options(cfg)
-    out_dir = Path(out)
-    with _model_file(model, stem or _IN_MEMORY_STEM) as path:
-        spec = JobSpec(
-            model=path,
-            out_dir=out_dir,
-            stem=stem or path.name.removesuffix(".onnx"),
-            devices=devices,
-            config=cfg,
-            search=search,
-            target=target_name,
-        )
-        try:
-            done = await run_local(spec, emit=on_event or _ignore)
-        except JobFailed as failed:
-            raise failed.error from None
+    call = Call("shard", model, dict(locals()))
+    with call.hints():
+        cfg, target_name = _config(call.arguments)
+        # SearchConfig checks each value as it checks a config file's
+        given = {k: call.arguments[k] for k in _SEARCH_KEYWORDS if call.arguments[k] is not None}
+        cfg = replace(cfg, search=replace(cfg.search, **given))
+        search = search_options(cfg)
+        out_dir = Path(out)
+        with _model_file(model, stem or _IN_MEMORY_STEM) as path:
+            check_model_file(path)
+            spec = JobSpec(
+                model=path,
+                out_dir=out_dir,
+                stem=stem or path.name.removesuffix(".onnx"),
+                devices=devices,
+                config=cfg,
+                search=search,
+                target=target_name,
+            )
+            problem = None if overwrite else occupied(out_dir, spec.stem)
+            if problem is not None:
+                raise ConfigError(problem, reruns=({"overwrite": True},))
+            try:
+                done = await run_local(spec, emit=on_event or _ignore)
+            except JobFailed as failed:
+                raise failed.error from None
+    target_value = cfg.target(target_name)
+    _warn(fallback_warnings(search.backend, str(done.report["backend"]), target_value))
+    _warn(defaulted_dims(done.report["model"]["inputs"], cfg))
     return shard_result(done.report, out_dir, _written_stages(done.report, out_dir))
 
 
@@ -207,16 +243,34 @@ def _ignore(event: str, fields: Mapping[str, Any]) -> None:
     return None
 
 
-def _config(
-    config: Config | str | os.PathLike[str] | None,
-    target: str | Target | None,
-    input_shapes: Mapping[str, Sequence[int]] | None,
-    dims: Mapping[str, int] | None,
-    batch_size: int | None,
-    precision: Precision | None,
-    serialize: bool = True,
-) -> tuple[Config, str | None]:
-    """The config the call runs with, and the target's name in it (``None``: the config's)."""
+def _warn(texts: Sequence[str]) -> None:
+    """What a run assumed, as Python warnings pointing at the caller's line: the first frame
+    outside sharderd and the event loop ``shard`` runs (``shard_async`` awaited from anyio or
+    asyncio: the caller's coroutine)."""
+    import asyncio
+
+    import anyio
+
+    import sharderd
+
+    ours = tuple(str(Path(str(m.__file__)).parent) + os.sep for m in (sharderd, anyio, asyncio))
+    level, frame = 1, cast("FrameType | None", sys._getframe(1))
+    while frame is not None and frame.f_code.co_filename.startswith(ours):
+        level, frame = level + 1, frame.f_back
+    for text in texts:
+        warnings.warn(text, UserWarning, stacklevel=level + 1)
+
+
+_PLAN_KEYWORDS = ("input_shapes", "dims", "batch_size", "precision", "safety_margin", "name_nodes")
+"""The keywords of ``plan`` and ``shard`` that amend ``[plan]`` under their own names."""
+_SEARCH_KEYWORDS = ("backend", "optimal_perf", "max_attempts", "parallel", "attempt_timeout")
+"""``shard``'s keywords that amend ``[search]``."""
+
+
+def _config(arguments: Mapping[str, Any]) -> tuple[Config, str | None]:
+    """The config a call runs with (its ``config`` amended by its ``[plan]`` keywords), and the
+    target's name in it (``None``: the config's)."""
+    config, target = arguments["config"], arguments["target"]
     cfg = (
         config
         if isinstance(config, Config)
@@ -224,11 +278,9 @@ def _config(
     )
     cfg = amend_plan(
         cfg,
-        input_shapes=input_shapes,
-        dims=dims,
-        batch_size=batch_size,
-        precision=precision,
-        no_serialize=not serialize,
+        **{k: arguments[k] for k in _PLAN_KEYWORDS},
+        keep_dynamic=arguments.get("keep_dynamic", False),  # shard's only
+        no_serialize=not arguments["serialize"],
     )
     if isinstance(target, Target):
         custom = {**cfg.custom_targets, target.name: target}

@@ -7,6 +7,7 @@ files them under ``failed/`` with ``err.reason``. Nothing here formats traceback
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 __all__ = [
@@ -52,15 +53,28 @@ at the lowest AMP ran out of memory (the probe; docs/planning.md says why each h
 
 
 class SharderdError(Exception):
-    """Base of every expected failure. ``reason`` is a stable machine-readable slug."""
+    """Base of every expected failure. ``reason`` is a stable machine-readable slug.
+
+    ``hint`` says what to do as the command line says it; ``reruns`` says the same as data, for
+    the Python API to say in its own terms: each entry is one way past the error, the planning
+    options a rerun changes by their keyword (``{"devices": 5}``, ``{"name_nodes": True}``;
+    ``{"backend": "poprt"}``: let a compile decide).
+    """
 
     exit_code: ClassVar[int] = EXIT_FAILED
     reason: ClassVar[str] = "error"
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        reruns: tuple[Mapping[str, object], ...] = (),
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.reruns = tuple(dict(r) for r in reruns)
 
     def __str__(self) -> str:
         return self.message if self.hint is None else f"{self.message}\n{self.hint}"
@@ -103,10 +117,17 @@ class DimsUnresolvedError(SharderdError):
     reason = "unresolved_dims"
 
     def __init__(
-        self, message: str, *, hint: str | None = None, dims: tuple[tuple[str, int, str], ...] = ()
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        dims: tuple[tuple[str, int, str], ...] = (),
+        templates: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message, hint=hint)
         self.dims = dims
+        self.templates = dict(templates or {})
+        """Input → its shape with known dims filled and ``<size>`` for the open ones."""
 
     def to_dict(self) -> dict[str, object]:
         return {**super().to_dict(), "dims": [list(d) for d in self.dims]}
@@ -126,12 +147,13 @@ class NoSplitError(SharderdError):
         message: str,
         *,
         hint: str | None = None,
+        reruns: tuple[Mapping[str, object], ...] = (),
         device: int | None = None,
         short_bytes: int | None = None,
         min_devices: int | None = None,
         fits_without_margin: bool = False,
     ) -> None:
-        super().__init__(message, hint=hint)
+        super().__init__(message, hint=hint, reruns=reruns)
         self.device = device
         self.short_bytes = short_bytes
         self.min_devices = min_devices
@@ -179,6 +201,7 @@ class PlanInfeasibleError(NoSplitError):
         *,
         grounds: str,
         hint: str | None = None,
+        reruns: tuple[Mapping[str, object], ...] = (),
         device: int | None = None,
         short_bytes: int | None = None,
         min_devices: int | None = None,
@@ -187,7 +210,12 @@ class PlanInfeasibleError(NoSplitError):
         if grounds not in GROUNDS:
             raise ValueError(f"not a ground of a proof: {grounds!r}")
         super().__init__(
-            message, hint=hint, device=device, short_bytes=short_bytes, min_devices=min_devices
+            message,
+            hint=hint,
+            reruns=reruns,
+            device=device,
+            short_bytes=short_bytes,
+            min_devices=min_devices,
         )
         self._grounds = grounds
         self.node = node

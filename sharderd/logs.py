@@ -41,6 +41,7 @@ EVENTS: Final[frozenset[str]] = frozenset(
         "daemon.stopping",
         "daemon.stopped",
         "daemon.error",
+        "daemon.refused",
         "watch.started",
         "watch.restarted",
         "watch.failed",

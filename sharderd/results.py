@@ -186,7 +186,8 @@ class ShardResult:
     """A finished ``shard``: the files written, the plan they carry, and how it was proven."""
 
     status: str
-    """The verdict: ``compiled`` (the backend compiled, or ran and verified, this plan) or
+    """What happened to the plan: ``compiled`` (PopRT compiled it), ``verified`` (onnxruntime ran
+    its stages and checked their outputs against the model; nothing was compiled) or
     ``not_compiled`` (backend ``none``: planned and written, proven by nothing)."""
     backend: str
     """The backend that proved it (``auto`` resolved), or ``none``."""

@@ -3,12 +3,14 @@ the commands do."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import json
 import re
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,10 +18,12 @@ from typing import Any
 import anyio
 import onnx
 import pytest
+from onnx import TensorProto, helper
 
 import sharderd
 from sharderd import errors
 from sharderd.cli import main as cli_main
+from sharderd.cli.parser import build_parser
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -66,6 +70,8 @@ PLAN_PARAMS = [
     ("dims", "KEYWORD_ONLY", None),
     ("batch_size", "KEYWORD_ONLY", None),
     ("precision", "KEYWORD_ONLY", None),
+    ("safety_margin", "KEYWORD_ONLY", None),
+    ("name_nodes", "KEYWORD_ONLY", False),
     ("serialize", "KEYWORD_ONLY", True),
     ("config", "KEYWORD_ONLY", None),
 ]
@@ -73,16 +79,44 @@ SHARD_PARAMS = [
     *PLAN_PARAMS[:2],
     ("out", "KEYWORD_ONLY", inspect.Parameter.empty),
     ("backend", "KEYWORD_ONLY", None),
-    *PLAN_PARAMS[2:7],
+    *PLAN_PARAMS[2:9],
+    ("keep_dynamic", "KEYWORD_ONLY", False),
     ("serialize", "KEYWORD_ONLY", True),
     ("optimal_perf", "KEYWORD_ONLY", None),
     ("max_attempts", "KEYWORD_ONLY", None),
     ("parallel", "KEYWORD_ONLY", None),
     ("attempt_timeout", "KEYWORD_ONLY", None),
+    ("overwrite", "KEYWORD_ONLY", False),
     ("stem", "KEYWORD_ONLY", None),
-    PLAN_PARAMS[8],
+    PLAN_PARAMS[10],
     ("on_event", "KEYWORD_ONLY", None),
 ]
+FLAG_KEYWORDS = {
+    "model": "model",
+    "devices": "devices",
+    "target": "target",
+    "config": "config",
+    "batch_size": "batch_size",
+    "safety_margin": "safety_margin",
+    "name_nodes": "name_nodes",
+    "input_shape": "input_shapes",
+    "dim": "dims",
+    "precision": "precision",
+    "keep_dynamic": "keep_dynamic",
+    "no_serialize": "serialize",
+    "out": "out",
+    "overwrite": "overwrite",
+    "backend": "backend",
+    "optimal_perf": "optimal_perf",
+    "max_attempts": "max_attempts",
+    "parallel": "parallel",
+    "attempt_timeout": "attempt_timeout",
+}
+"""Each planning option of ``sharderd plan``/``shard`` (argparse ``dest``) → its API keyword."""
+NOT_PLANNING = {"help", "json", "quiet", "command_parser"}
+"""What the commands print, not what they plan: no keyword."""
+WRITES_NOTHING = {("plan", "keep_dynamic")}
+"""``sharderd plan --keep-dynamic`` is accepted (the flags are shared) but plan writes no model."""
 
 
 def _timeless(section: dict[str, Any]) -> dict[str, Any]:
@@ -127,6 +161,22 @@ def test_signatures() -> None:
     assert _params(sharderd.targets) == [("config", "POSITIONAL_OR_KEYWORD", None)]
     for func in (sharderd.plan, sharderd.shard, sharderd.shard_async, sharderd.load_config):
         assert inspect.signature(func).return_annotation != inspect.Signature.empty
+
+
+@pytest.mark.parametrize("command", ["plan", "shard"])
+def test_every_planning_flag_is_a_keyword(command: str) -> None:
+    """A flag added to the command without its keyword (or the reverse) fails here."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    dests = {a.dest for a in sub.choices[command]._actions} - NOT_PLANNING
+    unmapped = dests - set(FLAG_KEYWORDS)
+    assert not unmapped, f"flags of `sharderd {command}` with no API keyword: {unmapped}"
+    expected = {FLAG_KEYWORDS[d] for d in dests if (command, d) not in WRITES_NOTHING}
+    function = getattr(sharderd, command)
+    keywords = set(inspect.signature(function).parameters)
+    assert expected <= keywords, expected - keywords
+    extra = keywords - expected - {"stem", "on_event"}  # the API's own: file name, progress
+    assert not extra, f"keywords of sharderd.{command} with no flag: {extra}"
 
 
 def test_results_are_frozen_values() -> None:
@@ -242,7 +292,7 @@ def test_shard_writes_what_the_cli_writes(
         assert result.status == "not_compiled" and result.attempts == ()
         assert result.verification is None and result.chosen_attempt is None
     else:
-        assert result.status == "compiled" and result.backend == "onnxruntime"
+        assert result.status == "verified" and result.backend == "onnxruntime"
         chosen = result.attempts[result.chosen_attempt or 0]
         assert chosen.ok and chosen.plan_digest == result.plan.digest
         cli_chosen = cli_report["attempts"][cli_report["chosen_attempt"]]
@@ -308,3 +358,98 @@ def test_docs_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert cli_main(["example-model"]) == 0
     for i, block in enumerate(blocks):
         exec(compile(block, f"docs/python.md block {i}", "exec"), {"__name__": "__docs__"})
+
+
+# --- Python as a first-class door (issue 38) -----------------------------------------------------
+
+
+def _helper_model() -> onnx.ModelProto:
+    """As ``onnx.helper`` builds it: unnamed nodes, a symbolic batch and sequence."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Sigmoid", ["h"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_unnamed_nodes_are_named_by_a_keyword() -> None:
+    model = _helper_model()
+    with pytest.raises(sharderd.ModelInvalidError) as unnamed:
+        sharderd.plan(model, devices=2, dims={"seq": 8}, batch_size=1)
+    assert unnamed.value.hint == (
+        "call again as sharderd.plan(model, devices=2, dims={'seq': 8}, batch_size=1, name_nodes=True)"
+    )
+    plan = sharderd.plan(model, devices=2, dims={"seq": 8}, batch_size=1, name_nodes=True)
+    assert sorted(n for s in plan.stages for n in s.nodes) == ["Relu_0", "Sigmoid_0"]
+
+
+def test_an_open_dim_is_said_as_a_keyword_with_its_placeholder() -> None:
+    with pytest.raises(sharderd.DimsUnresolvedError) as open_dim:
+        sharderd.plan(_helper_model(), devices=2, name_nodes=True)
+    assert open_dim.value.hint == (
+        "call again as sharderd.plan(model, devices=2, dims={'seq': SIZE}, name_nodes=True) "
+        "(SIZE: the size to compile for)"
+    )
+
+
+def test_too_few_devices_is_not_proven_and_says_the_call_that_fits(
+    model_path: Callable[..., Path],
+) -> None:
+    path = model_path("transformer")
+    cpu = sharderd.targets()["cpu"]
+    weights = sum(s.weight_bytes for s in sharderd.plan(path, devices=2, batch_size=1).stages)
+    # the weights fit the two devices together (no proof), the estimate with its margin does not
+    small = dataclasses.replace(cpu, name="small", memory_bytes=int(weights * 0.52))
+    with pytest.raises(sharderd.NotProvenError) as short:
+        sharderd.plan(path, devices=2, target=small, batch_size=1)
+    err = short.value
+    assert err.exit_code == 5 and err.min_devices is not None and err.min_devices > 2
+    assert err.hint == (
+        f"call again as sharderd.plan({str(path)!r}, devices={err.min_devices}, target=target, "
+        "batch_size=1)"
+    )
+    assert "--" not in str(err)  # neither the message nor the hint names a flag
+    plan = sharderd.plan(path, devices=err.min_devices, target=small, batch_size=1)
+    assert len(plan.stages) == err.min_devices  # the call the hint names works
+
+
+def test_a_defaulted_batch_dim_is_a_warning_and_a_given_one_is_not(
+    model_path: Callable[..., Path],
+) -> None:
+    path = model_path("transformer")  # input_ids and attention_mask: ['batch', 8]
+    with pytest.warns(
+        UserWarning,
+        match=r"dim 'batch' \(input 'input_ids' axis 0, input 'attention_mask' axis 0\)",
+    ):
+        sharderd.plan(path, devices=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sharderd.plan(path, devices=2, batch_size=1)
+        sharderd.plan(path, devices=2, dims={"batch": 1})
+
+
+def test_shard_refuses_an_earlier_result_unless_overwrite(
+    model_path: Callable[..., Path], tmp_path: Path
+) -> None:
+    path, out = model_path("chain"), tmp_path / "out"
+    sharderd.shard(path, devices=2, out=out, backend="none", batch_size=1)
+    with pytest.raises(sharderd.ConfigError, match="already holds a result") as held:
+        sharderd.shard(path, devices=2, out=out, backend="none", batch_size=1)
+    assert held.value.hint == (
+        f"call again as sharderd.shard({str(path)!r}, devices=2, out={str(out)!r}, "
+        "backend='none', batch_size=1, overwrite=True)"
+    )
+    again = sharderd.shard(path, devices=2, out=out, backend="none", batch_size=1, overwrite=True)
+    assert again.status == "not_compiled"
+
+
+def test_a_missing_model_is_said_before_any_event(tmp_path: Path) -> None:
+    seen: list[str] = []
+    with pytest.raises(sharderd.ModelInvalidError, match="cannot read model"):
+        sharderd.shard(
+            tmp_path / "missing.onnx",
+            devices=2,
+            out=tmp_path / "o",
+            on_event=lambda event, fields: seen.append(event),
+        )
+    assert seen == [] and not (tmp_path / "o").exists()

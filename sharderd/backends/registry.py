@@ -28,6 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
+from sharderd.backends.poplar_sdk import poprt_missing_hint
 from sharderd.errors import BackendUnavailableError, ConfigError
 
 if TYPE_CHECKING:
@@ -38,10 +39,12 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKENDS",
     "EXTRA_BACKENDS_ENV",
+    "PROVEN_STATUS",
     "SHIPPED",
     "AttemptHosts",
     "Backend",
     "attempt_options",
+    "fallback_warnings",
     "is_available",
     "load_backend",
     "registered",
@@ -79,6 +82,15 @@ SHIPPED: Final[Mapping[str, str]] = {
 """Every shipped backend by name, as ``MODULE[:ATTR]``."""
 BACKENDS: Final = (*SHIPPED, "none")
 """The choices ``--backend`` and ``search.backend`` offer besides ``auto``."""
+PROVEN_STATUS: Final[Mapping[str, str]] = {
+    "poprt": "compiled",
+    "onnxruntime": "verified",
+    "none": "not_compiled",
+}
+"""The ``status`` of a job that succeeded, by the backend that ran (report.json, the Python
+result, the ``job.succeeded`` log line, the daemon's status and metrics): PopRT ``compiled`` the
+sharded model; onnxruntime ran its stages and ``verified`` their outputs against the user's model,
+compiling nothing; with ``none`` it was planned and written, ``not_compiled``."""
 EXTRA_BACKENDS_ENV: Final = "SHARDERD_EXTRA_BACKENDS"
 """Comma-separated ``NAME=MODULE[:ATTR]`` backends added to :data:`SHIPPED` (tests use it)."""
 
@@ -119,8 +131,12 @@ def is_available(name: str) -> bool:
         return False
 
 
-def resolve_backend(name: str, target: Target, hosts: AttemptHosts | None = None) -> str:
-    """``auto``: poprt for an IPU target when it is offered, else onnxruntime, else none.
+def resolve_backend(
+    name: str, target: Target, hosts: AttemptHosts | None = None, *, fallback: bool = True
+) -> str:
+    """``auto``: poprt for an IPU target when it is offered, else onnxruntime, else none; without
+    ``fallback`` (the daemon) an IPU target without poprt is ``BackendUnavailableError`` instead,
+    as onnxruntime would compile nothing.
 
     Offered means: where the attempts run (``hosts``, a cluster) when they can tell, else
     importable here. A backend the cluster lacks now but may gain is chosen when named (its
@@ -137,12 +153,35 @@ def resolve_backend(name: str, target: Target, hosts: AttemptHosts | None = None
     if name == "auto":
         if target.kind == "ipu" and offered("poprt"):
             return "poprt"
+        if target.kind == "ipu" and not fallback:
+            raise BackendUnavailableError(
+                f"backend auto with the IPU target {target.name} needs PopRT, but poprt does not "
+                "import here: the job would be verified with onnxruntime and nothing compiled",
+                hint=poprt_missing_hint(),
+            )
         return "onnxruntime" if offered("onnxruntime") else "none"
     if name not in BACKENDS:
         raise ConfigError(f"unknown backend {name!r}; choose auto, {', '.join(BACKENDS)}")
     if name != "none" and answer(name) is None and not load_backend(name).available():
-        raise BackendUnavailableError(_INSTALL_HINT[name])
+        other = "onnxruntime" if name == "poprt" else "none"
+        raise BackendUnavailableError(_INSTALL_HINT[name], reruns=({"backend": other},))
     return name
+
+
+def fallback_warnings(requested: str, backend: str, target: Target) -> list[str]:
+    """The report's warning when ``auto`` on an IPU target proved with something else than PopRT."""
+    if requested != "auto" or target.kind != "ipu" or backend == "poprt":
+        return []
+    what = (
+        "onnxruntime verified the plan on the CPU"
+        if backend == "onnxruntime"
+        else "nothing proved the plan"
+    )
+    return [
+        f"backend auto: poprt does not import here, so {what} instead of PopRT compiling it for "
+        f"{target.name} (nothing was compiled); enable the Poplar SDK to compile (docs/ipu-host.md), "
+        f"or ask for backend {backend} to do this on purpose"
+    ]
 
 
 def attempt_options(

@@ -2,28 +2,37 @@
 
 Exit codes (other tools rely on them): 0 done, 1 failed (compile or verification), 2 bad input or
 usage, 3 does not fit (proven), 4 backend unavailable, 5 no fitting split found (not proven).
+A reader that closes stdout early (``sharderd status --json | head``) ends any command quietly
+with 141, the status of a process killed by SIGPIPE.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from sharderd.cli import host
 from sharderd.cli.parser import build_parser, config_from_args, device_request
 from sharderd.config import Config, load_config, search_options
 from sharderd.errors import EXIT_FAILED, EXIT_OK, ConfigError, SharderdError
+
+if TYPE_CHECKING:
+    from sharderd.job.run import JobSpec
 
 __all__ = ["main"]
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from sharderd.engine import analyze_file, make_auto_plan
+    from sharderd.report.assumptions import defaulted_dims
     from sharderd.report.build import (
         model_facts,
         plan_section,
@@ -50,10 +59,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         extra["serialized"] = serialized_section(serialized, stage_of)
     if chosen.trial is not None:
         extra["serialization_tried"] = trial_section(chosen.trial)
+    model = model_facts(analysis)
+    assumed = defaulted_dims(model["inputs"], config)
+    _say_assumed(assumed)
     report = report_dict(
         timings_s={"load_and_analyze": analyzed - started, "plan": time.perf_counter() - analyzed},
-        model=model_facts(analysis),
-        warnings=analysis.warnings,
+        model=model,
+        warnings=[*assumed, *analysis.warnings],
         target=target,
         plan=plan_section(plan, config.plan.batch_size),
         batch_size=config.plan.batch_size,
@@ -100,6 +112,7 @@ def _cmd_shard(args: argparse.Namespace) -> int:
     import anyio
 
     from sharderd.cli.progress import progress
+    from sharderd.job.outdir import check_model_file, occupied
     from sharderd.job.run import JobFailed, JobSpec, run_local
     from sharderd.report.markdown import render_markdown
 
@@ -121,6 +134,13 @@ def _cmd_shard(args: argparse.Namespace) -> int:
     devices, auto = device_request(args)
     stem = args.model.name.removesuffix(".onnx")
     out_dir = args.out or Path(f"{stem}.sharded")
+    check_model_file(args.model)
+    problem = None if args.overwrite else occupied(out_dir, stem)
+    if problem is not None:
+        raise ConfigError(
+            problem,
+            hint="add --overwrite to replace it, or name another folder with --out",
+        )
     spec = JobSpec(
         model=args.model,
         out_dir=out_dir,
@@ -136,9 +156,11 @@ def _cmd_shard(args: argparse.Namespace) -> int:
             result = anyio.run(partial(run_local, spec, emit=emit))
         except JobFailed as failed:
             if failed.report is not None:
+                _say_assumed(_assumed(failed.report, spec))
                 what = "the failed attempts" if failed.report.get("attempts") else "the failed job"
                 print(f"sharderd: report of {what}: {out_dir}/report.md", file=sys.stderr)
             raise failed.error from None
+    _say_assumed(_assumed(result.report, spec))
     if args.json:
         print(json.dumps(result.report, indent=1))
     elif not args.quiet:
@@ -147,6 +169,22 @@ def _cmd_shard(args: argparse.Namespace) -> int:
     if not args.quiet:
         _say_fewest(result.report, args)
     return EXIT_OK
+
+
+def _assumed(report: dict[str, Any], spec: JobSpec) -> list[str]:
+    """The report's warnings about what was assumed, recomputed from its facts (never its text)."""
+    from sharderd.backends.registry import fallback_warnings
+    from sharderd.report.assumptions import defaulted_dims
+
+    target = spec.config.target(spec.target)
+    fallback = fallback_warnings(spec.search.backend, str(report.get("backend")), target)
+    return [*fallback, *defaulted_dims(report["model"]["inputs"], spec.config)]
+
+
+def _say_assumed(warnings: Sequence[str]) -> None:
+    """A ``warning:`` line on stderr for each (also with ``--json`` and ``--quiet``)."""
+    for text in warnings:
+        print(f"sharderd: warning: {text}", file=sys.stderr)
 
 
 def _cmd_example(args: argparse.Namespace) -> int:
@@ -172,21 +210,12 @@ def _cmd_example(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_check_config(args: argparse.Namespace) -> int:
-    from sharderd.config import describe_config
-
-    print(describe_config(load_config(args.file)), end="")
-    return EXIT_OK
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     """The daemon; SIGTERM or SIGINT stop it cleanly (exit 0), also during start-up."""
-    import signal
-
     import anyio
 
     from sharderd.daemon.service import serve
-    from sharderd.logs import configure_logging
+    from sharderd.logs import configure_logging, get_logger
 
     # Until serve() installs its own handlers, a stop request interrupts start-up before anything
     # was claimed: turn SIGTERM into the same KeyboardInterrupt as SIGINT and exit cleanly.
@@ -197,14 +226,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         anyio.run(serve, config)
     except KeyboardInterrupt:
         print("sharderd: stopped during start-up", file=sys.stderr)
+    except ConfigError as err:  # refused at start: say it in the log too, not on stderr alone
+        get_logger(__name__).error("daemon.refused", message=err.message, hint=err.hint)
+        raise
     return EXIT_OK
 
 
 def _ops_config(args: argparse.Namespace) -> Config:
-    from sharderd.cli.status import OPS_CONFIG
+    from sharderd.cli.status import ops_config
 
-    path = args.config or (OPS_CONFIG if OPS_CONFIG.is_file() else None)
-    return load_config(path)
+    return ops_config(args.config)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -273,7 +304,9 @@ _COMMANDS = {
     "plan": _cmd_plan,
     "shard": _cmd_shard,
     "example-model": _cmd_example,
-    "check-config": _cmd_check_config,
+    "check-config": host.cmd_check_config,
+    "doctor": host.cmd_doctor,
+    "sdk-env": host.cmd_sdk_env,
     "run": _cmd_run,
     "status": _cmd_status,
     "retry": _cmd_retry,
@@ -286,10 +319,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # the command's own usage, not the root's: argparse would blame ``sharderd`` itself
         args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return _COMMANDS[args.command](args)
+        code = _COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then seen below
+        return code
     except SharderdError as err:
         print(f"sharderd: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("sharderd: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``sharderd status --json | head``): stop quietly, as a
+    program killed by SIGPIPE would, with its exit status 141 (128 + SIGPIPE)."""
+    # Python flushes stdout again at exit and would print that error: point it at /dev/null.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE

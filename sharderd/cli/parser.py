@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from sharderd import __version__
+from sharderd.backends.poplar_sdk import ENV_FILE
 from sharderd.config import Config, amend_plan, load_config
 from sharderd.errors import ConfigError
 
@@ -106,18 +108,29 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, **kwargs: Any
+) -> argparse.ArgumentParser:
+    """A command's parser. No abbreviations anywhere: ``--device 4`` is an error, not
+    ``--devices 4``, and a flag added later cannot change what someone's script meant."""
+    return sub.add_parser(name, allow_abbrev=False, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sharderd",
+        allow_abbrev=False,
         description=_DESCRIPTION,
         epilog="Exit codes: 0 done, 1 compile or verification failed, 2 bad input or usage, 3 does not fit "
         "(proven: the weights alone, or one node compiled alone), 4 backend unavailable, 5 no fitting "
         "split found (not proven). `sharderd COMMAND --help` shows a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"sharderd {__version__}")
+    ops_config = "the daemon's sharderd.toml (default: /etc/sharderd/sharderd.toml if it exists, else built-in defaults)"
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "plan",
         help="print the plan; write nothing",
         epilog="plan never compiles or runs the model; to prove a plan (--backend, --optimal-perf, "
@@ -126,9 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--json", action="store_true", help="print report.json's content")
 
-    p = sub.add_parser("shard", help="plan, annotate, prove (backend) and write the sharded model")
+    p = _command(sub, "shard", help="plan, annotate, prove (backend) and write the sharded model")
     _add_common(p)
     p.add_argument("--out", "-o", type=Path, help="output folder (default ./<stem>.sharded/)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into an output folder that holds an earlier result, replacing its files of the "
+        "same names (others stay); without it such a folder is refused",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
     p.add_argument(
@@ -152,13 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds per attempt (default: search.attempt_timeout)",
     )
 
-    p = sub.add_parser("example-model", help="write a model generated locally (no download)")
-    p.add_argument(
-        "kind",
-        nargs="?",
-        default="transformer",
-        help="transformer, cnn, shared_weights, with_if, multi_io, chain",
+    p = _command(sub, "example-model", help="write a model generated locally (no download)")
+    kind = p.add_argument(
+        "kind", nargs="?", default="transformer", help="one of %(kinds)s (default %(default)s)"
     )
+    # argparse fills %(kinds)s from the action's attributes, only when help is printed: the
+    # builders import onnx, which no other command's start-up should pay for.
+    setattr(kind, "kinds", _ExampleKinds())  # noqa: B010 (Action has no such attribute)
     p.add_argument("--out", "-o", type=Path, help="output .onnx (default ./example-<kind>.onnx)")
     p.add_argument(
         "--external-data", action="store_true", help="store weights in <stem>.data beside it"
@@ -171,35 +190,78 @@ def build_parser() -> argparse.ArgumentParser:
         help="builder option, e.g. layers=12",
     )
 
-    p = sub.add_parser("check-config", help="validate a config file and print the effective config")
-    p.add_argument("file", nargs="?", type=Path, default=Path("sharderd.toml"))
-
-    p = sub.add_parser(
-        "run", help="run the inbox daemon (JSON logs on stdout; the systemd service)"
+    env_file_help = (
+        "the unit's EnvironmentFile= (the Poplar SDK's variables, written by `sharderd sdk-env`); "
+        "poprt is imported with it (default: %(default)s)"
     )
+    p = _command(
+        sub,
+        "check-config",
+        help="validate a config file, print the effective config, and refuse (exit 2) what "
+        "`sharderd run` would refuse, with its messages",
+    )
+    p.add_argument("file", nargs="?", type=Path, default=Path("sharderd.toml"))
+    p.add_argument("--env-file", type=Path, default=ENV_FILE, help=env_file_help)
+
+    p = _command(
+        sub,
+        "doctor",
+        help="is this host ready for the service: run's checks, poprt and its SDK, IPUs, folders "
+        "(exit 1 when something fails; each failure says its fix)",
+    )
+    p.add_argument("--config", "-c", type=Path, help=ops_config)
+    p.add_argument("--env-file", type=Path, default=ENV_FILE, help=env_file_help)
+    p.add_argument("--json", action="store_true", help="the findings as JSON")
+
+    p = _command(
+        sub,
+        "sdk-env",
+        help="write the service's EnvironmentFile= from the Poplar SDK's enable script: the "
+        "variables it adds or changes in a clean bash",
+    )
+    p.add_argument(
+        "script", type=Path, help="the SDK's enable script, e.g. /opt/poplar_sdk-VERSION/enable"
+    )
+    p.add_argument(
+        "--out",
+        "-o",
+        type=Path,
+        default=ENV_FILE,
+        help="the file to write, - for stdout (default: %(default)s)",
+    )
+
+    p = _command(sub, "run", help="run the inbox daemon (JSON logs on stdout; the systemd service)")
     p.add_argument("--config", "-c", type=Path, help="sharderd.toml (default: built-in defaults)")
 
-    ops_config = "the daemon's sharderd.toml (default: /etc/sharderd/sharderd.toml if it exists, else built-in defaults)"
-    p = sub.add_parser(
-        "status", help="is the daemon up, and its queue and pool (exit 1 when it is not up)"
+    p = _command(
+        sub, "status", help="is the daemon up, and its queue and pool (exit 1 when it is not up)"
     )
     p.add_argument("--config", "-c", type=Path, help=ops_config)
     p.add_argument("--json", action="store_true", help="print the verdict and status.json as JSON")
 
-    p = sub.add_parser(
-        "retry", help="move a failed job's input from state_dir/failed/ back into the inbox"
+    p = _command(
+        sub, "retry", help="move a failed job's input from state_dir/failed/ back into the inbox"
     )
     p.add_argument("name", help="the job's folder in state_dir/failed/")
     p.add_argument("--config", "-c", type=Path, help=ops_config)
 
-    p = sub.add_parser(
-        "cancel", help="ask the daemon to cancel a pending or running job (it goes to failed/)"
+    p = _command(
+        sub, "cancel", help="ask the daemon to cancel a pending or running job (it goes to failed/)"
     )
     p.add_argument("job_id", help="as in the log's job_id and `sharderd status`")
     p.add_argument("--config", "-c", type=Path, help=ops_config)
     for command in sub.choices.values():
         command.set_defaults(command_parser=command)
     return parser
+
+
+class _ExampleKinds:
+    """The names of ``sharderd.examples.EXAMPLES``, read when ``str()`` asks (help is printed)."""
+
+    def __str__(self) -> str:
+        from sharderd.examples import EXAMPLES
+
+        return ", ".join(EXAMPLES)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

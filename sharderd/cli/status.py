@@ -19,16 +19,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-from sharderd.config import Config, DaemonConfig
+from sharderd.config import Config, DaemonConfig, load_config
 from sharderd.daemon.dirs import runtime_dir
 from sharderd.daemon.status import STATUS_FILE, recent_outcomes
 from sharderd.errors import SharderdError
 
-__all__ = ["OPS_CONFIG", "DaemonStatus", "read_status", "render_text", "status_json"]
+__all__ = ["OPS_CONFIG", "DaemonStatus", "ops_config", "read_status", "render_text", "status_json"]
 
 OPS_CONFIG: Final = Path("/etc/sharderd/sharderd.toml")
 """The config ``status``, ``retry`` and ``cancel`` read without ``--config`` when it exists: the unit's."""
 _OUTCOMES: Final = ("succeeded", "failed", "duplicate", "cancelled")
+
+
+def ops_config(path: Path | None) -> Config:
+    """``path``, else the unit's config when it exists, else the built-in defaults."""
+    return load_config(path or (OPS_CONFIG if OPS_CONFIG.is_file() else None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,9 +172,13 @@ def render_text(status: DaemonStatus, now: float | None = None) -> str:
         )
         waiting = int(pool.get("waiting", 0))
         lines.append(
-            f"pool: {pool.get('busy', 0)} of {pool.get('max_parallel', '?')} compile slots busy, "
+            f"pool: {pool.get('busy', 0)} of {pool.get('max_parallel', '?')} attempt slots busy, "
             f"{waiting} attempt{'' if waiting == 1 else 's'} waiting for one"
         )
+        results = r.get("results")
+        if isinstance(results, Mapping):
+            shown = ", ".join(f"{n} {status}" for status, n in results.items())
+            lines.append(f"succeeded since start, by what proved them: {shown}")
     if status.last_24h is not None:
         counts = ", ".join(f"{status.last_24h.get(o, 0)} {o}" for o in _OUTCOMES)
         lines.append(

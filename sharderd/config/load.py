@@ -92,6 +92,7 @@ def config_from_dict(data: Mapping[str, Any], where: str, *, source: Path | None
         target_name=str(target_table.get("name", "ipu-mk2")),
         custom_targets=custom,
         source=source,
+        plan_given=frozenset(_table(data, "plan", where)),
     )
     for section, name in (("target", None), ("daemon", config.daemon.target)):
         if section == "daemon" and name is None:

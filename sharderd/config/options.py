@@ -29,6 +29,9 @@ class SearchOptions:
     """Attempts of this job at once."""
     attempt_timeout: float
     kill_grace: float
+    auto_fallback: bool
+    """``auto`` on an IPU target without poprt: verify with onnxruntime instead, with a warning
+    (``sharderd shard``, the API), or refuse the job (the daemon, set up to compile)."""
 
 
 def search_options(
@@ -44,7 +47,8 @@ def search_options(
 ) -> SearchOptions:
     """Each argument given (a flag, a sidecar key) wins; else, with ``daemon``, the ``[daemon]``
     key (``backend``, ``max_attempts``, ``max_parallel_compiles``, ``attempt_timeout``,
-    ``kill_grace``); else ``[search]``'s. ``None`` means not given."""
+    ``kill_grace``); else ``[search]``'s. ``None`` means not given. Only outside the daemon does
+    ``auto`` fall back to onnxruntime when an IPU target has no poprt."""
     search = config.search
     options = SearchOptions(
         backend=search.backend,
@@ -53,6 +57,7 @@ def search_options(
         parallel=search.parallel,
         attempt_timeout=search.attempt_timeout,
         kill_grace=search.kill_grace,
+        auto_fallback=not daemon,
     )
     if daemon:
         d = config.daemon
@@ -89,7 +94,8 @@ def amend_plan(
 ) -> Config:
     """``config`` with its ``[plan]`` amended by a command's flags or an API call's arguments:
     each one given (not ``None``) wins; ``dims`` and ``input_shapes`` add to the config's, and the
-    switches can only turn on (``no_serialize`` only off). ``PlanConfig`` validates the result."""
+    switches can only turn on (``no_serialize`` only off). ``PlanConfig`` validates the result;
+    ``Config.plan_given`` gains each key given."""
     plan = config.plan
     given: dict[str, Any] = {
         "batch_size": batch_size,
@@ -97,6 +103,14 @@ def amend_plan(
         "precision": precision,
     }
     plan = replace(plan, **{k: v for k, v in given.items() if v is not None})
+    switches = {
+        "dims": bool(dims),
+        "input_shapes": bool(input_shapes),
+        "name_nodes": name_nodes,
+        "keep_dynamic": keep_dynamic,
+        "serialize": no_serialize,
+    }
+    named = {k for k, v in given.items() if v is not None} | {k for k, on in switches.items() if on}
     if dims:
         plan = replace(plan, dims={**plan.dims, **dims})
     if input_shapes:
@@ -108,4 +122,4 @@ def amend_plan(
         plan = replace(plan, keep_dynamic=True)
     if no_serialize:
         plan = replace(plan, serialize=False)
-    return replace(config, plan=plan)
+    return replace(config, plan=plan, plan_given=config.plan_given | named)

@@ -325,6 +325,9 @@ class Config:
     target_name: str = "ipu-mk2"
     custom_targets: Mapping[str, Target] = field(default_factory=dict)
     source: Path | None = None
+    plan_given: frozenset[str] = frozenset()
+    """The ``[plan]`` keys someone gave (the file, a flag, a sidecar, an API argument); the others
+    are defaults, and a model dim filled from a default is a report warning."""
 
     def target(self, name: str | None = None) -> Target:
         """Resolve a target by name: custom targets shadow built-ins."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from sharderd.config import DaemonConfig
 from sharderd.errors import ConfigError
 
-__all__ = ["DaemonDirs", "check_same_filesystem", "prepare_dirs", "runtime_dir"]
+__all__ = ["DaemonDirs", "check_layout", "check_same_filesystem", "prepare_dirs", "runtime_dir"]
 
 
 def check_same_filesystem(inbox: Path, processing: Path, outbox: Path, *more: Path) -> None:
@@ -71,7 +71,7 @@ def prepare_dirs(config: DaemonConfig, *, create_inbox: bool = True) -> DaemonDi
         index=state / "index",
         runtime=runtime,
     )
-    _check_layout(dirs)
+    check_layout(config)
     if not create_inbox and not config.inbox.is_dir():
         raise ConfigError(f"inbox {config.inbox} does not exist or is not a directory")
     for label in (
@@ -96,7 +96,8 @@ def runtime_dir(config: DaemonConfig) -> Path:
     return (config.runtime_dir or (Path(env) if env else config.state_dir)).absolute()
 
 
-def _check_layout(dirs: DaemonDirs) -> None:
+def check_layout(dirs: DaemonConfig) -> None:
+    """Inbox and outbox apart, neither inside the other, and ``state_dir`` outside the inbox."""
     inbox, outbox, state = (p.absolute() for p in (dirs.inbox, dirs.outbox, dirs.state_dir))
     if inbox == outbox or outbox.is_relative_to(inbox) or inbox.is_relative_to(outbox):
         raise ConfigError(

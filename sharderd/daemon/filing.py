@@ -96,6 +96,7 @@ class JobFiling:
             replace(self.record, state="succeeded", result=str(published))
         )
         self.ctx.journal.remember(key, published, self.job.job_id)
+        self.ctx.board.record_result(result.status)
         _log.info(
             "job.succeeded",
             name=self.job.name,

@@ -131,7 +131,11 @@ class JobRun:
         crashes = ctx.config.daemon.worker_crash_limit(options.max_attempts)
         crash_key = ctx.config.daemon.worker_crash_key()
         assert job.model is not None
-        config = replace(ctx.config, plan=options.plan_config(ctx.config.plan))
+        config = replace(
+            ctx.config,
+            plan=options.plan_config(ctx.config.plan),
+            plan_given=ctx.config.plan_given | set(options.plan_overrides),
+        )
         search = search_options(
             config,
             daemon=True,
@@ -203,12 +207,14 @@ class JobRun:
 
     def _emit(self, event: str, fields: Mapping[str, Any]) -> None:
         p = self.progress
-        if event == "plan.started":
+        if event == "backend.selected":
+            p.backend = str(fields.get("backend"))
+        elif event == "plan.started":
             p.stage = "planning"
         elif event == "attempt.started":
-            if p.stage != "compiling":
+            if self.files.record.state != "compiling":  # the journal's word for attempts running
                 self.files.journal(state="compiling")
-            p.stage = "compiling"
+            p.stage = "compiling" if p.backend == "poprt" else "verifying"
             p.attempts += 1
             p.attempts_running += 1
         elif event == "attempt.finished":

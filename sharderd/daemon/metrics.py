@@ -34,6 +34,7 @@ import anyio
 import anyio.to_thread
 
 from sharderd.backends.protocol import OUTCOMES
+from sharderd.backends.registry import PROVEN_STATUS
 from sharderd.errors import ConfigError
 from sharderd.fsutil import atomic_write
 from sharderd.logs import get_logger
@@ -106,6 +107,8 @@ class DaemonFigures:
     start_time: float
     now: float
     jobs: Mapping[str, int]
+    results: Mapping[str, int]
+    """Succeeded jobs by report ``status``: compiled, verified, not_compiled."""
     attempts: Mapping[str, int]
     cumulative_buckets: tuple[int, ...]
     duration_sum_s: float
@@ -155,9 +158,20 @@ def _families(f: DaemonFigures) -> Iterator[str]:
         [({"outcome": o}, f.jobs.get(o, 0)) for o in _labels(JOB_OUTCOMES, f.jobs)],
     )
     yield from _family(
+        "sharderd_results_total",
+        "counter",
+        "Jobs that succeeded since the daemon started, by what proved their plan: compiled (PopRT "
+        "compiled it), verified (onnxruntime ran the stages and checked them; nothing compiled), "
+        "not_compiled (backend none).",
+        [
+            ({"status": s}, f.results.get(s, 0))
+            for s in _labels(tuple(PROVEN_STATUS.values()), f.results)
+        ],
+    )
+    yield from _family(
         "sharderd_attempts_total",
         "counter",
-        "Compile attempts by outcome since the daemon started.",
+        "Attempts (PopRT compiles, onnxruntime runs) by outcome since the daemon started.",
         [({"outcome": o}, f.attempts.get(o, 0)) for o in _labels(OUTCOMES, f.attempts)],
     )
     buckets = [
@@ -167,7 +181,7 @@ def _families(f: DaemonFigures) -> Iterator[str]:
     yield from _family(
         "sharderd_attempt_duration_seconds",
         "histogram",
-        "Duration of compile attempts that reached an outcome.",
+        "Duration of attempts that reached an outcome.",
         [*buckets, ({"le": "+Inf"}, f.duration_count)],
         sum_count=(f.duration_sum_s, f.duration_count),
     )
@@ -178,18 +192,18 @@ def _families(f: DaemonFigures) -> Iterator[str]:
         [({"state": "pending"}, f.pending), ({"state": "processing"}, f.processing)],
     )
     yield from _family(
-        "sharderd_pool_busy_slots", "gauge", "Compile slots in use.", [({}, f.pool_busy)]
+        "sharderd_pool_busy_slots", "gauge", "Attempt slots in use.", [({}, f.pool_busy)]
     )
     yield from _family(
         "sharderd_pool_waiting_attempts",
         "gauge",
-        "Attempts waiting for a compile slot.",
+        "Attempts waiting for a slot.",
         [({}, f.pool_waiting)],
     )
     yield from _family(
         "sharderd_pool_slots",
         "gauge",
-        "Compile slots (max_parallel_compiles).",
+        "Attempt slots (max_parallel_compiles).",
         [({}, f.pool_slots)],
     )
     yield from _family(

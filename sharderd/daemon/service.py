@@ -111,6 +111,7 @@ class _Daemon:
         self.lock = opened.lock
         self.pool = opened.pool
         self.control_dir = opened.control_dir
+        self.checks = {check.subject: check.ok for check in opened.checks}
         self.journal = Journal(self.dirs.state_dir)
         runtime = self.dirs.runtime
         self.board = StatusBoard(
@@ -148,6 +149,7 @@ class _Daemon:
             state_dir=str(self.dirs.state_dir),
             runtime_dir=str(self.dirs.runtime),
             backend=daemon.backend,
+            backend_check=self.checks.get("backend"),
             devices=daemon.devices,
             max_parallel_compiles=daemon.max_parallel_compiles,
             max_active_jobs=self.max_active,

@@ -1,13 +1,13 @@
 """Start-up checks and the state a daemon holds for its life, opened before any task exists.
 
-A failure here is a plain ``ConfigError`` (exit 2, nothing claimed): running as root without
-``allow_root``, a folder that cannot be created or shared, another daemon on the same
-``state_dir`` (``daemon.lock``), a Ray cluster that cannot be joined.
+A failure here is a plain ``ConfigError`` (exit 2, nothing claimed): what ``preflight`` refuses
+(running as root without ``allow_root``, ``metrics_port`` without prometheus-client, ``auto`` on an
+IPU target without poprt, ...), a folder that cannot be created or shared, another daemon on the
+same ``state_dir`` (``daemon.lock``), a Ray cluster that cannot be joined.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from sharderd.config import Config, DaemonConfig
 from sharderd.daemon.control import ensure_control_dir
 from sharderd.daemon.dirs import DaemonDirs, prepare_dirs
 from sharderd.daemon.lock import StateLock
+from sharderd.daemon.preflight import Check, Host, preflight
 from sharderd.daemon.watch import watch_mode
 from sharderd.errors import ConfigError
 
@@ -36,19 +37,21 @@ class Opened:
     control_dir: Path
     watch_mode: tuple[str, bool | None]
     """``(description, force_polling)``: ``auto`` polls an inbox on a network filesystem."""
+    checks: tuple[Check, ...]
+    """What the start-up checks found (each passed), for the ``daemon.started`` line."""
 
 
-def open_daemon(config: Config) -> Opened:
-    """Check who runs us, create and check the folders, take the lock, join the cluster.
+def open_daemon(config: Config, host: Host | None = None) -> Opened:
+    """Refuse what ``preflight`` refuses (root, a missing package, a backend that cannot run),
+    then create and check the folders, take the lock, join the cluster.
 
     Raises:
         ConfigError: A check failed; the message names the folder or key.
     """
-    if os.geteuid() == 0 and not config.daemon.allow_root:
-        raise ConfigError(
-            "refusing to run as root: every model would be parsed and compiled with root privileges",
-            hint="Run as the sharderd user (the systemd unit does), or set allow_root = true in [daemon].",
-        )
+    checks = preflight(config, host)
+    refused = [c.problem for c in checks if c.problem is not None]
+    if refused:
+        raise refused[0]
     daemon = _absolute(config.daemon)
     dirs = prepare_dirs(daemon)
     lock = StateLock.acquire(dirs.state_dir)
@@ -62,7 +65,7 @@ def open_daemon(config: Config) -> Opened:
         ipus=IpuPool.of_setting(config.poprt.ipus),
     )
     opened = replace(config, daemon=daemon)
-    return Opened(opened, dirs, lock, pool, control_dir, watch_mode(daemon))
+    return Opened(opened, dirs, lock, pool, control_dir, watch_mode(daemon), tuple(checks))
 
 
 def _cluster_runner(config: Config) -> object | None:

@@ -28,6 +28,7 @@ from typing import Any, Final, Literal, final
 import anyio
 
 from sharderd.backends.pool import AttemptPool
+from sharderd.backends.registry import PROVEN_STATUS
 from sharderd.daemon.journal import TERMINAL_STATES
 from sharderd.daemon.metrics import AttemptStats, DaemonFigures
 from sharderd.fsutil import atomic_write
@@ -45,6 +46,7 @@ __all__ = [
 STATUS_FILE: Final = "status.json"
 RECENT_S: Final = 24 * 3600.0
 """Window of the ``last_24h`` outcome counts."""
+_RESULTS: Final = tuple(PROVEN_STATUS.values())
 _PENDING_LISTED: Final = 100
 """Pending jobs listed by id in ``status.json`` (the count is always exact)."""
 
@@ -59,7 +61,10 @@ class JobProgress:
     name: str
     priority: int = 0
     stage: str = "queued"
-    """queued, hashing, planning, compiling, publishing."""
+    """queued, hashing, planning, compiling (PopRT attempts), verifying (onnxruntime attempts:
+    nothing is compiled), publishing."""
+    backend: str | None = None
+    """The backend proving the job, once chosen (``auto`` resolved)."""
     attempts: int = 0
     """Compile attempts started in this run of the job."""
     attempts_running: int = 0
@@ -75,6 +80,7 @@ class JobProgress:
             "name": self.name,
             "priority": self.priority,
             "stage": self.stage,
+            "backend": self.backend,
             "attempts": self.attempts,
             "attempts_running": self.attempts_running,
             "started": iso_time(self.started),
@@ -106,6 +112,8 @@ class StatusBoard:
         self.running: dict[str, JobProgress] = {}
         self.finished: Counter[str] = Counter()
         """Terminal states reached since start: succeeded, failed, duplicate, cancelled."""
+        self.results: Counter[str] = Counter()
+        """Succeeded jobs since start by their report's ``status``: compiled, verified, not_compiled."""
         self.pending_jobs: tuple[tuple[str, str], ...] = ()
         """``(job_id, name)`` of the first pending jobs, in claim order."""
         self.attempts = AttemptStats()
@@ -149,6 +157,11 @@ class StatusBoard:
             self.last_success = t
         self.changed()
 
+    def record_result(self, status: str) -> None:
+        """A job succeeded with report ``status`` (``backends.registry.PROVEN_STATUS``)."""
+        self.results[status] += 1
+        self.changed()
+
     def attempt_finished(self, progress: JobProgress, outcome: str, duration_s: float) -> None:
         progress.attempts_finished += 1
         progress.attempts_running = max(0, progress.attempts_running - 1)
@@ -185,6 +198,7 @@ class StatusBoard:
                 "duplicate": self.finished["duplicate"],
                 "cancelled": self.finished["cancelled"],
             },
+            "results": {status: self.results[status] for status in _RESULTS},
             "last_24h": self._recent_counts(t),
             "running": [p.to_dict() for p in _by_start(self.running.values())],
             "pending_jobs": [
@@ -205,6 +219,7 @@ class StatusBoard:
             start_time=self.since,
             now=time.time() if now is None else now,
             jobs=dict(self.finished),
+            results=dict(self.results),
             attempts=dict(self.attempts.outcomes),
             cumulative_buckets=self.attempts.cumulative(),
             duration_sum_s=self.attempts.seconds,
@@ -229,9 +244,12 @@ class StatusBoard:
     def status_line(self) -> str:
         """One line for systemd's ``STATUS=``: counts only, so it changes only when they do."""
         compiling = sum(1 for p in self.running.values() if p.stage == "compiling")
+        verifying = sum(1 for p in self.running.values() if p.stage == "verifying")
         done = self.finished
         return (
-            f"{self.state}: {self.pending} pending, {len(self.running)} running ({compiling} compiling), "
+            f"{self.state}: {self.pending} pending, {len(self.running)} running ({compiling} compiling"
+            + (f", {verifying} verifying" if verifying else "")
+            + "), "
             f"{done['succeeded']} succeeded, {done['failed']} failed, {done['duplicate']} duplicate"
         )
 

@@ -134,6 +134,7 @@ def analyze(loaded: LoadedModel, config: PlanConfig) -> Analysis:
             raise ModelInvalidError(
                 f"every node needs a unique, non-empty name (PopRT addresses nodes by name): {problems.describe(graph)}",
                 hint="rerun with --name-nodes to name them <OpType>_<k> (or set plan.name_nodes = true)",
+                reruns=({"name_nodes": True},),
             )
         renamed = assign_unique_names(graph)
         warnings.append(f"renamed {renamed} unnamed or duplicate node(s) to <OpType>_<k>")
@@ -224,4 +225,5 @@ def unresolved_dims_error(dims: tuple[UnresolvedDim, ...]) -> DimsUnresolvedErro
         f"never plans on guessed sizes:\n{listed}",
         hint=hint,
         dims=tuple((d.input, d.axis, d.name) for d in dims),
+        templates=anonymous,
     )

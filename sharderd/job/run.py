@@ -17,13 +17,19 @@ from typing import Any
 
 from sharderd.backends.ipus import IpuPool
 from sharderd.backends.pool import AttemptPool
-from sharderd.backends.registry import AttemptHosts, resolve_backend
+from sharderd.backends.registry import (
+    PROVEN_STATUS,
+    AttemptHosts,
+    fallback_warnings,
+    resolve_backend,
+)
 from sharderd.config import Config, SearchOptions
-from sharderd.errors import NoSplitError, NotProvenError, SharderdError
+from sharderd.errors import ModelInvalidError, NoSplitError, NotProvenError, SharderdError
 from sharderd.fsutil import atomic_write
 from sharderd.graph.load import read_structure
 from sharderd.job.attempts import Contradiction
 from sharderd.job.codec import ModelSummary
+from sharderd.job.outdir import REPORT_FILES, check_model_file
 from sharderd.job.prove import Emit, Prover, ProveResult
 from sharderd.job.session import (
     LocalSession,
@@ -34,6 +40,7 @@ from sharderd.job.session import (
     Serialize,
     WorkerSession,
 )
+from sharderd.report.assumptions import defaulted_dims
 from sharderd.report.attempts import attempt_dict
 from sharderd.report.build import (
     as_given,
@@ -46,7 +53,7 @@ from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
 from sharderd.shard.serialize import Serialized
 
-__all__ = ["JobFailed", "JobResult", "JobSpec", "run_local", "shard_job", "write_report"]
+__all__ = ["REPORT_FILES", "JobFailed", "JobResult", "JobSpec", "run_local", "shard_job", "write_report"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +101,10 @@ class JobFailed(SharderdError):
 def write_report(report: Mapping[str, Any], out_dir: Path) -> None:
     """report.json is the source; report.md and report.html are its renderings for people."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(out_dir / "report.json", json.dumps(report, indent=1) + "\n")
-    atomic_write(out_dir / "report.md", render_markdown(report))
-    atomic_write(out_dir / "report.html", render_html(report))
+    as_json, as_md, as_html = (out_dir / name for name in REPORT_FILES)
+    atomic_write(as_json, json.dumps(report, indent=1) + "\n")
+    atomic_write(as_md, render_markdown(report))
+    atomic_write(as_html, render_html(report))
 
 
 async def run_local(spec: JobSpec, *, emit: Emit) -> JobResult:
@@ -106,6 +114,10 @@ async def run_local(spec: JobSpec, *, emit: Emit) -> JobResult:
         JobFailed: the job's error and its partial report; when there is one (the model was
             read), it is already written to ``spec.out_dir`` with its verdict and any attempts.
     """
+    try:
+        check_model_file(spec.model)
+    except ModelInvalidError as err:
+        raise JobFailed(err, None) from None
     pool = AttemptPool(spec.search.parallel, ipus=IpuPool.of_setting(spec.config.poprt.ipus))
     with tempfile.TemporaryDirectory(prefix="sharderd-attempts-") as work:
         try:
@@ -128,7 +140,10 @@ async def shard_job(
     config = spec.config
     target = config.target(spec.target)
     hosts = pool.runner if isinstance(pool.runner, AttemptHosts) else None
-    backend = resolve_backend(spec.search.backend, target, hosts)
+    backend = resolve_backend(
+        spec.search.backend, target, hosts, fallback=spec.search.auto_fallback
+    )
+    notes = fallback_warnings(spec.search.backend, backend, target)
     emit(
         "backend.selected",
         {"backend": backend, "requested": spec.search.backend, "target": target.name},
@@ -168,7 +183,7 @@ async def shard_job(
             return None
         return report_dict(
             model=summary.facts,
-            warnings=list(summary.warnings),
+            warnings=_warnings(notes, summary, config),
             target=target,
             plan=plan,
             batch_size=config.plan.batch_size,
@@ -204,6 +219,7 @@ async def shard_job(
                     "rules every split out, and backend none compiles nothing",
                     hint=f"rerun with --devices {spec.devices + 1}, or with a compile backend to let "
                     "the compiler decide",
+                    reruns=({"devices": spec.devices + 1}, {"backend": "poprt"}),
                 )
             final = await session.plan(
                 replace(request, write_dir=str(spec.out_dir), link_external=False, fewest=True)
@@ -212,7 +228,7 @@ async def shard_job(
                 "plan.finished",
                 {"digest": final.plan.digest, "bottleneck_s": final.plan.bottleneck_s},
             )
-            status, extra = "not_compiled", {}
+            status, extra = PROVEN_STATUS[backend], {}
         else:
             workdir.mkdir(parents=True, exist_ok=True)
             prover = Prover(
@@ -239,7 +255,7 @@ async def shard_job(
             finally:
                 attempts = [attempt_dict(a) for a in prover.attempts]
             final = await _write_chosen(session, spec, proven)
-            status, extra = "compiled", _extra(proven)
+            status, extra = PROVEN_STATUS[backend], _extra(proven)
             contradiction = proven.contradiction
             if backend == "poprt":
                 chosen = proven.chosen
@@ -271,7 +287,7 @@ async def shard_job(
         extra["serialization_tried"] = trial_section(summary.trial)
     report = report_dict(
         model=summary.facts,
-        warnings=list(summary.warnings),
+        warnings=_warnings(notes, summary, config),
         target=target,
         plan=plan_section(
             final.plan, config.plan.batch_size, final.files.routed, stage_amps, serialized_matmuls
@@ -325,6 +341,12 @@ def piece_stages(model_path: Path) -> dict[str, int]:
     return {
         n.name: a.i for n in model.graph.node for a in n.attribute if a.name == "__pipeline_stage"
     }
+
+
+def _warnings(notes: list[str], summary: ModelSummary, config: Config) -> list[str]:
+    """What the run assumed (the backend's fallback, dims given no value) before the analysis's."""
+    assumed = defaulted_dims(summary.facts["inputs"], config)
+    return [*notes, *assumed, *summary.warnings]
 
 
 def _extra(proven: ProveResult) -> dict[str, Any]:

@@ -123,7 +123,10 @@ async def _not_proven(
 ) -> NotProvenError:
     if not ooms and settled is not None:
         return NotProvenError(  # the planner's estimate, before any compile
-            settled.message, hint=settled.hint, min_devices=settled.min_devices
+            settled.message,
+            hint=settled.hint,
+            reruns=settled.reruns,
+            min_devices=settled.min_devices,
         )
     base = (
         f"no fitting split found on {devices} × {target.name} (not proven): "
@@ -160,6 +163,7 @@ async def _not_proven(
     return NotProvenError(
         base + where + why + note + "." + more,
         hint=hint,
+        reruns=() if min_devices is None else ({"devices": min_devices},),
         device=None if oom is None else oom.device,
         short_bytes=None if settled is None else settled.short_bytes,
         min_devices=min_devices,

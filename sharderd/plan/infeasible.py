@@ -66,6 +66,7 @@ def weights_proof(analysis: Analysis, target: Target, devices: int) -> PlanInfea
         f"At least {needed} devices are needed to hold them.",
         grounds="weights_total",
         hint=f"rerun with --devices {needed} (a lower bound: activations and code need room too)",
+        reruns=({"devices": needed},),
         short_bytes=int(total - capacity * devices),
         min_devices=needed,
     )
@@ -90,6 +91,7 @@ def node_too_large(
         f"but one {target.name} device holds {fmt_bytes(capacity)}; an estimate, not a proof",
         hint="`sharderd shard` with a compile backend measures it (its probe compiles the node alone); "
         "or reduce batch_size",
+        reruns=({"backend": "poprt"},),
         short_bytes=int(need - capacity),
     )
     error.node = node
@@ -128,6 +130,7 @@ def infeasible_proof(
         f"more than the {devices} devices' {fmt_bytes(caps.sum() * margin)} together; the estimate "
         f"suggests {needed} devices.",
         hint=f"rerun with --devices {max(needed, devices + 1)}",
+        reruns=({"devices": max(needed, devices + 1)},),
         short_bytes=short,
         min_devices=max(needed, devices + 1),
     )
@@ -170,6 +173,7 @@ def infeasible_exact(
         f"(every split over its {ideals} ideals was checked) fits the estimated memory at margin "
         f"{margin:g}{learned}" + (f"; the estimate suggests {needed} devices." if needed else "."),
         hint=f"rerun with --devices {needed}" if needed is not None else None,
+        reruns=() if needed is None else ({"devices": needed},),
         min_devices=needed,
     )
     if margin > 1.0:
@@ -201,6 +205,7 @@ def overfull_not_proven(plan: Plan, target: Target) -> NotProvenError:
         "estimate rules every split out, and no compile was asked for",
         hint=f"rerun with --devices {plan.devices + 1}, or `sharderd shard` with a compile backend "
         "to let the compiler decide",
+        reruns=({"devices": plan.devices + 1}, {"backend": "poprt"}),
         device=worst.index,
         short_bytes=int(worst.memory_bytes - worst.budget_bytes),
     )

@@ -262,6 +262,7 @@ def _search(
                 f"learned corrections {', '.join(f'{x:.3g}' for x in scale)} at margin {safety_margin:g} "
                 "(the order search is not exhaustive over DAG splits, so this is no proof for the model alone)",
                 hint=f"rerun with --devices {devices + 1}",
+                reruns=({"devices": devices + 1},),
                 device=int(np.argmax(scale)),
             )
         partition, oc = _least_overfull(first_oc, caps, require_costed)

@@ -9,7 +9,14 @@ from sharderd.report.build import serialization_list
 if TYPE_CHECKING:
     from sharderd.job.attempts import AttemptRecord
 
-__all__ = ["attempt_dict"]
+__all__ = ["attempt_dict", "attempts_heading"]
+
+
+def attempts_heading(backend: str) -> str:
+    """The title over a report's attempts: only PopRT's are compiles."""
+    if backend == "poprt":
+        return "Compile attempts"
+    return f"Attempts ({backend} runs: nothing was compiled)"
 
 
 def _per_stage(record: AttemptRecord) -> dict[str, Any]:

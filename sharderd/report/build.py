@@ -34,11 +34,12 @@ __all__ = [
     "trial_section",
 ]
 
-SCHEMA = "sharderd.report/2"
-"""Version 2 only adds keys to version 1 (none renamed or removed): ``model.compiled_ops``, each
-stage's ``ops``, ``target.op_overhead_s_table`` / ``target.code_bytes_table``, ``verdict`` and
-``verdict.contradiction`` (a compiled job whose compile refuted a probe's proof; its ``verdict``
-was always None before) (docs/report.md, "report.json")."""
+SCHEMA = "sharderd.report/3"
+"""Version 3 changes one meaning: ``status`` is ``verified``, no longer ``compiled``, when
+onnxruntime proved the plan (``compiled`` now always means PopRT compiled it). Version 2 only added
+keys to version 1: ``model.compiled_ops``, each stage's ``ops``, ``target.op_overhead_s_table`` /
+``target.code_bytes_table``, ``verdict`` and ``verdict.contradiction`` (a compiled job whose compile
+refuted a probe's proof). docs/report.md lists every version."""
 
 
 def _value_info(value: onnx.ValueInfoProto) -> dict[str, Any]:
@@ -199,8 +200,10 @@ def report_dict(
     extra: Mapping[str, Any] | None = None,
     contradiction: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``status``: ``planned``, ``not_compiled`` (backend none), ``compiled``, ``failed``,
-    ``does_not_fit`` (proven), ``not_proven`` (no fitting split found, not proven); ``plan`` is a
+    """``status``: ``planned``, ``not_compiled`` (backend none), ``compiled`` (PopRT compiled it),
+    ``verified`` (onnxruntime ran the stages and checked their outputs; ``compiled`` before
+    ``sharderd.report/3``), ``failed``, ``does_not_fit`` (proven), ``not_proven`` (no fitting split
+    found, not proven); ``plan`` is a
     ``plan_section``. ``verdict`` says, for a job that ended without a split, whether that is
     proven and on which of ``errors.GROUNDS``; for a compiled job it is None, unless a compile
     ``contradiction`` refuted a probe's proof (``proven`` false, the compile won)."""

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from sharderd.plan.serialize_choice import BOTTLENECK_GAIN
+from sharderd.report.attempts import attempts_heading
 from sharderd.report.build import nodes_phrase
-from sharderd.report.measured import measurement, shares, status_label
+from sharderd.report.measured import measurement, shares
 from sharderd.units import fmt_bytes, fmt_flops, fmt_seconds
 
 __all__ = ["TERMS_NOTE", "TIME_TERMS", "has_terms", "render_markdown"]
@@ -182,17 +183,22 @@ def _trial_words(t: Mapping[str, Any]) -> str:
     )
 
 
+_STATUS_MEANS = {
+    "compiled": "; PopRT compiled the sharded model",
+    "verified": "; onnxruntime built and ran the stage sessions and checked their outputs against "
+    "the model: nothing was compiled",
+    "not_compiled": "; planned and written, proven by no backend",
+}
+"""What a success status means, said where a person reads it."""
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     model, target, plan = report["model"], report["target"], report["plan"]
     lines = [
         f"# sharderd report: {model['name']}",
         "",
-        f"- status: **{status_label(report)}** (backend `{report['backend']}`)"
-        + (
-            "; onnxruntime built and ran the stage sessions and checked their outputs: nothing was compiled"
-            if status_label(report) != report["status"]
-            else ""
-        ),
+        f"- status: **{report['status']}** (backend `{report['backend']}`)"
+        + _STATUS_MEANS.get(report["status"], ""),
         f"- model: {nodes_phrase(model)}, {fmt_flops(model['flops'])} per batch of {report['batch_size']}, "
         f"weights {fmt_bytes(model['weight_bytes'])}"
         + (f" ({fmt_bytes(model['external_bytes'])} external)" if model["external_bytes"] else "")
@@ -275,7 +281,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if report["attempts"]:
         lines += [
             "",
-            "## Compile attempts",
+            f"## {attempts_heading(str(report['backend']))}",
             "",
             "| # | outcome | duration | options | detail |",
             "|---|---|---|---|---|",

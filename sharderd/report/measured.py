@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["Measurement", "amp_of", "measurement", "shares", "status_label"]
+__all__ = ["Measurement", "amp_of", "measurement", "shares"]
 
 _PROVIDER_KINDS: Final = {
     "CPUExecutionProvider": "cpu",
@@ -60,14 +60,6 @@ def shares(times: Sequence[float]) -> list[float]:
     """Each stage's fraction of the summed stage times (all 0 when nothing was timed)."""
     total = float(sum(times))
     return [float(t) / total if total > 0 else 0.0 for t in times]
-
-
-def status_label(report: Mapping[str, Any]) -> str:
-    """The status as a person should read it: onnxruntime builds and checks sessions, it compiles nothing."""
-    status = str(report.get("status"))
-    if status == "compiled" and report.get("backend") != "poprt":
-        return "verified" if (report.get("verification") or {}).get("passed") else "ran"
-    return status
 
 
 def amp_of(report: Mapping[str, Any], attempt: Mapping[str, Any]) -> float | None:

@@ -312,8 +312,10 @@ def model_strip(
     )
 
 
-def attempts_timeline(attempts: Sequence[Mapping[str, Any]], width: float = 1140) -> str:
-    """One row per compile attempt in the order they were started; bar length is its duration
+def attempts_timeline(
+    attempts: Sequence[Mapping[str, Any]], width: float = 1140, title: str = "Compile attempts"
+) -> str:
+    """One row per attempt in the order they were started; bar length is its duration
     (attempts may overlap when run in parallel, so rows share a zero rather than a clock)."""
     row_h, label_w, top = 30, 230, 6
     longest = max([float(a.get("duration_s") or 0.0) for a in attempts] + [1e-9])
@@ -353,9 +355,7 @@ def attempts_timeline(attempts: Sequence[Mapping[str, Any]], width: float = 1140
         f"attempt {a.get('index', k)} {a.get('outcome')} in {float(a.get('duration_s') or 0):.2f} s"
         for k, a in enumerate(attempts)
     )
-    return _svg(
-        "attempts-timeline", width, top + row_h * len(attempts) + 4, "Compile attempts", desc, body
-    )
+    return _svg("attempts-timeline", width, top + row_h * len(attempts) + 4, title, desc, body)
 
 
 def attempt_note(attempt: Mapping[str, Any], *, short: bool = False) -> str:

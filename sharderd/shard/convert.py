@@ -71,6 +71,7 @@ def to_fp16(model: onnx.ModelProto, base_dir: Path) -> tuple[onnx.ModelProto, in
         raise ConfigError(
             f"the fp16 conversion failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
             hint="plan without --precision fp16 (the model's own precision)",
+            reruns=({"precision": "model"},),
         ) from None
     added = _place_new_nodes(converted)
     return converted, added

@@ -16,9 +16,11 @@ from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
 from sharderd.backends.registry import (
     BACKENDS,
     EXTRA_BACKENDS_ENV,
+    PROVEN_STATUS,
     SHIPPED,
     AttemptHosts,
     Backend,
+    fallback_warnings,
     load_backend,
     registered,
     resolve_backend,
@@ -106,3 +108,33 @@ def test_a_cluster_answers_for_poprt_whatever_this_host_imports() -> None:
     assert resolve_backend("auto", ipu, _Cluster(False)) == local != "poprt"
     with pytest.raises(BackendUnavailableError):
         resolve_backend("poprt", ipu, _Cluster(None))  # the cluster cannot tell: ask here
+
+
+def test_auto_without_fallback_refuses_an_ipu_target_without_poprt() -> None:
+    """The daemon's ``auto`` (no fallback): an IPU target with no poprt fails, naming the fix; a
+    CPU target, or poprt offered, is as before; the CLI's ``auto`` falls back, with a warning."""
+    ipu, cpu = BUILTIN_TARGETS["ipu-mk2"], BUILTIN_TARGETS["cpu"]
+    with pytest.raises(BackendUnavailableError) as refused:
+        resolve_backend("auto", ipu, fallback=False)
+    assert "needs PopRT, but poprt does not import here" in refused.value.message
+    assert "sharderd sdk-env" in str(refused.value.hint)
+    assert resolve_backend("auto", ipu, _Cluster(True), fallback=False) == "poprt"
+    assert resolve_backend("auto", cpu, fallback=False) == resolve_backend("auto", cpu)
+    fell_back = resolve_backend("auto", ipu)
+    assert fell_back in ("onnxruntime", "none")
+    (warning,) = fallback_warnings("auto", fell_back, ipu)
+    assert "nothing was compiled" in warning and "ipu-mk2" in warning
+    assert fallback_warnings("onnxruntime", "onnxruntime", ipu) == []  # asked for
+    assert fallback_warnings("auto", "onnxruntime", cpu) == []  # the right backend for a CPU
+    assert fallback_warnings("auto", "poprt", ipu) == []
+
+
+def test_a_missing_backend_says_the_other_one_as_a_rerun() -> None:
+    with pytest.raises(BackendUnavailableError) as missing:
+        resolve_backend("poprt", BUILTIN_TARGETS["ipu-mk2"])
+    assert missing.value.reruns == ({"backend": "onnxruntime"},)
+
+
+def test_success_statuses_say_what_each_backend_did() -> None:
+    assert PROVEN_STATUS == {"poprt": "compiled", "onnxruntime": "verified", "none": "not_compiled"}
+    assert set(PROVEN_STATUS) == set(BACKENDS)

@@ -367,7 +367,7 @@ def test_plan_json_is_the_versioned_report(
     proc = run_cli("plan", path, "--devices", "3", "--json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["schema"] == SCHEMA == "sharderd.report/2"
+    assert report["schema"] == SCHEMA == "sharderd.report/3"
     assert report["plan"]["devices"] == 3 and len(report["plan"]["stages"]) == 3
     assert _listing(tmp_path) == before
 
@@ -549,7 +549,7 @@ def test_report_json_holds_the_plan_facts(
     path = model_path("transformer", layers=3)
     result = shard(path, 3)
     report = result.report
-    assert report["schema"] == "sharderd.report/2"
+    assert report["schema"] == "sharderd.report/3"
     assert report["status"] == "not_compiled" and report["backend"] == "none"
     assert report["model"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert report["model"]["nodes"] == len(onnx.load(str(path)).graph.node)

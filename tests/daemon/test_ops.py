@@ -40,6 +40,7 @@ from daemon_helpers import (
 from daemon_served import serving
 
 from sharderd import __version__
+from sharderd.backends.registry import PROVEN_STATUS
 from sharderd.cli import main as cli_main
 from sharderd.cli.status import read_status
 from sharderd.config import load_config
@@ -229,6 +230,7 @@ def figures(stats: AttemptStats, **overrides: Any) -> DaemonFigures:
         "start_time": 1_700_000_000.0,
         "now": 1_700_000_100.5,
         "jobs": {"succeeded": 3, "failed": 1},
+        "results": {"verified": 2, "not_compiled": 1},
         "attempts": dict(stats.outcomes),
         "cumulative_buckets": stats.cumulative(),
         "duration_sum_s": stats.seconds,
@@ -271,6 +273,14 @@ def test_histogram_buckets_are_cumulative_and_bounds_inclusive() -> None:
     jobs = families["sharderd_jobs_total"]
     assert jobs.value("sharderd_jobs_total", outcome="succeeded") == 3
     assert jobs.value("sharderd_jobs_total", outcome="cancelled") == 0
+    results = families["sharderd_results_total"]
+    assert {
+        s: results.value("sharderd_results_total", status=s) for s in PROVEN_STATUS.values()
+    } == {
+        "compiled": 0,  # from 0, so rate() sees the first one
+        "verified": 2,
+        "not_compiled": 1,
+    }
     assert (
         families["sharderd_last_success_timestamp_seconds"].value(
             "sharderd_last_success_timestamp_seconds"
@@ -321,8 +331,12 @@ def test_status_shows_the_compiling_job_in_text_and_json(
         assert out.startswith(f"sharderd {__version__} is up: pid {daemon.pid}, ready since ")
         row = next(line for line in out.splitlines() if job_id in line)
         assert row.split()[1:4] == ["slowpoke", "compiling", "1"]
-        assert "queue: 0 pending, 1 processing" in out and "pool: 1 of 2 compile slots busy" in out
+        assert "queue: 0 pending, 1 processing" in out and "pool: 1 of 2 attempt slots busy" in out
         assert "last 24 h: 0 succeeded, 0 failed, 0 duplicate, 0 cancelled" in out
+        assert (
+            "succeeded since start, by what proved them: 0 compiled, 0 verified, 0 not_compiled"
+            in out
+        )
         code, out, _ = cli(capsys, "status", "--config", str(config), "--json")
         report = json.loads(out)
         assert code == 0 and report["up"] is True and report["problem"] is None
@@ -334,6 +348,7 @@ def test_status_shows_the_compiling_job_in_text_and_json(
             "compiling",
             1,
         )
+        assert job["backend"] == "poprt"  # so the stage is "compiling", not "verifying"
         assert report["daemon"]["pool"] == {"busy": 1, "waiting": 0, "max_parallel": 2}
         for path in (root / "run" / "status.json", root / "metrics" / "sharderd.prom"):
             assert path.stat().st_mode & 0o777 == 0o644, path

@@ -288,3 +288,52 @@ async def test_planning_worker_killed_every_run_fails_after_max_attempts(root: P
     assert error["reason"] == "worker_crashed" and "2 runs" in error["message"]
     record = next((root / "state" / "journal").glob("*.json"))
     assert json.loads(record.read_text())["attempts"] == 2
+
+
+# --- the status word ----------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_each_surface_says_what_proved_the_job(root: Path) -> None:
+    """An onnxruntime job is ``verified`` and a backend-none job ``not_compiled`` in the log line,
+    report.json and status.json alike; nothing says ``compiled``, as nothing compiled."""
+    config = write_config(root, backend="onnxruntime")
+    sidecar = root / "models" / "planned.toml"
+    async with serving(config) as daemon:
+        drop(staged(root, "checked"), root / "inbox")
+        staged(root, "planned", seed=3)
+        sidecar.write_text('backend = "none"\n')
+        drop(sidecar, root / "inbox")
+        drop(root / "models" / "planned.onnx", root / "inbox")
+        done = await daemon.wait_for("job.succeeded", count=2, timeout=120)
+
+        def results_shown() -> bool:  # status.json is rewritten at most every 0.5 s
+            status = json.loads((root / "run" / "status.json").read_text())
+            return bool(status["results"] == {"compiled": 0, "verified": 1, "not_compiled": 1})
+
+        await daemon.wait_until(results_shown, 10, "both results in status.json")
+    said = {line["name"]: line["status"] for line in done}
+    assert said == {"checked": "verified", "planned": "not_compiled"}
+    for name, word in said.items():
+        report = json.loads((root / "outbox" / name / "report.json").read_text())
+        assert (report["status"], report["schema"]) == (word, "sharderd.report/3")
+
+
+@pytest.mark.anyio
+async def test_auto_on_an_ipu_target_without_poprt_fails_the_job_not_onnxruntime(
+    root: Path,
+) -> None:
+    """A sidecar asking ``auto`` for the IPU target, on a daemon where poprt does not import: the
+    job fails as backend_unavailable with the fix; onnxruntime runs only when asked for."""
+    sidecar = root / "models" / "wants_auto.toml"
+    async with serving(write_config(root, backend="onnxruntime")) as daemon:
+        staged(root, "wants_auto")
+        sidecar.write_text('backend = "auto"\ntarget = "ipu-mk2"\n')
+        drop(sidecar, root / "inbox")
+        drop(root / "models" / "wants_auto.onnx", root / "inbox")
+        (failed,) = await daemon.wait_for("job.failed", timeout=60)
+    assert failed["reason"] == "backend_unavailable"
+    assert "needs PopRT, but poprt does not import here" in failed["message"]
+    assert not daemon.events("attempt.started")  # nothing ran on the CPU in its place
+    error = json.loads((root / "state" / "failed" / "wants_auto" / "error.json").read_text())
+    assert "sharderd sdk-env" in error["hint"]

@@ -25,7 +25,6 @@ from sharderd.report.html.run_sections import (
     warnings_section,
 )
 from sharderd.report.html.style import PAGE_CSS
-from sharderd.report.measured import status_label
 
 __all__ = ["render_html"]
 
@@ -54,7 +53,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title><style>{PAGE_CSS}</style></head><body>"
-        f'<header><h1>{esc(title)} <span class="status status-{esc(status)}" data-status="{esc(status)}">{esc(status_label(report))}</span></h1>'
+        f'<header><h1>{esc(title)} <span class="status status-{esc(status)}" data-status="{esc(status)}">{esc(status)}</span></h1>'
         f"{facts_list(report)}</header><main>{''.join(sections)}</main>"
         f"<footer>sharderd {esc(report.get('sharderd_version', ''))} · {esc(report.get('schema', ''))} · "
         f"created {esc(report.get('created', ''))} · plan digest <code>{esc((plan or {}).get('digest', 'n/a'))}</code></footer>"

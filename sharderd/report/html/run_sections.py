@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sharderd.report.attempts import attempts_heading
 from sharderd.report.html.markup import esc, html_table, legend_html
 from sharderd.report.measured import amp_of
 from sharderd.report.svg import OUTCOME_COLOURS, attempt_note, attempts_timeline
@@ -45,8 +46,9 @@ def attempts_section(report: Mapping[str, Any]) -> str:
             ]
         )
     legend = legend_html(list(OUTCOME_COLOURS.items()))
+    heading = attempts_heading(str(report.get("backend")))
     return (
-        f'<section id="attempts"><h2>Compile attempts</h2>{legend}{attempts_timeline(attempts)}'
+        f'<section id="attempts"><h2>{esc(heading)}</h2>{legend}{attempts_timeline(attempts, title=heading)}'
         + html_table(
             ["#", "attempt", "outcome", "duration", "plan", "amp", "learned", "message"],
             rows,

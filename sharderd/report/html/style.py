@@ -15,7 +15,7 @@ code{font:13px ui-monospace,"DejaVu Sans Mono",monospace;overflow-wrap:anywhere}
 .facts div{border-left:3px solid var(--line);padding:2px 8px}.facts dt{color:var(--muted);font-size:12px}
 .facts dd{margin:0;font-weight:600}
 .status{display:inline-block;padding:2px 10px;border-radius:12px;color:#fff;font-weight:700;font-size:13px}
-.status-compiled{background:#2e7d32}.status-not_compiled,.status-planned{background:#1565c0}
+.status-compiled,.status-verified{background:#2e7d32}.status-not_compiled,.status-planned{background:#1565c0}
 .status-failed,.status-does_not_fit{background:#c62828}
 .status-not_proven{background:#ef6c00}
 .devices{display:grid;grid-template-columns:1fr;gap:2px}

@@ -1,0 +1,41 @@
+"""What a local job checks before it starts: the model can be opened, the output folder holds no
+earlier result. The files every result folder gets are named here (``REPORT_FILES``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sharderd.errors import ModelInvalidError
+
+__all__ = ["REPORT_FILES", "check_model_file", "occupied"]
+
+REPORT_FILES = ("report.json", "report.md", "report.html")
+"""Written into every result folder, also of a job that failed after reading the model."""
+
+
+def occupied(out_dir: Path, stem: str) -> str | None:
+    """Why writing the results into ``out_dir`` would overwrite an earlier result, or None when it
+    would not: the folder is missing, or holds none of the files every result has (a model's own
+    folder is a fine ``out``). The caller refuses, naming its own way to insist."""
+    if not out_dir.exists():
+        return None
+    if not out_dir.is_dir():
+        return f"output folder {out_dir} exists and is not a folder"
+    names = (f"{stem}.sharded.onnx", f"{stem}.sharding.yaml", *REPORT_FILES)
+    found = [name for name in names if (out_dir / name).exists()]
+    if found:
+        return f"output folder {out_dir} already holds a result ({', '.join(found)}): writing would replace it"
+    return None
+
+
+def check_model_file(path: Path) -> None:
+    """A model that cannot be opened is said at once, before any progress event.
+
+    Raises:
+        ModelInvalidError: it is missing, a folder, or unreadable.
+    """
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise ModelInvalidError(f"cannot read model {path}: {exc.strerror or exc}") from None
