@@ -14,6 +14,9 @@ from typing import TypedDict, Unpack
 
 __all__ = ["WriteOptions", "atomic_write", "fsync_dir", "write_temp"]
 
+_TEMP_NAME_ROOM = 255 - len(".") - len(".01234567.tmp")
+"""Bytes of the final name a temp file's name keeps: it fits in 255 whatever the final name."""
+
 
 class WriteOptions(TypedDict, total=False):
     """How ``write_temp`` writes (and so ``atomic_write``); see ``write_temp``."""
@@ -57,7 +60,9 @@ def write_temp(
             exactly these, whatever the umask.
         durable: fsync the data; off for files rewritten within seconds (status, metrics).
     """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    # its name bounded: a name near the filesystem's 255 bytes must not fail for its temp file
+    head = os.fsencode(path.name)[:_TEMP_NAME_ROOM]
+    tmp = path.with_name(os.fsdecode(b".%s.%s.tmp" % (head, secrets.token_hex(4).encode())))
     raw = data.encode("utf-8") if isinstance(data, str) else data
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:

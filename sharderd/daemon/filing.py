@@ -25,13 +25,22 @@ from sharderd.daemon.dedup import publish_pointer
 from sharderd.daemon.dirs import DaemonDirs
 from sharderd.daemon.intake import ClaimedJob
 from sharderd.daemon.journal import IndexEntry, JobRecord, JobState, Journal
-from sharderd.daemon.outbox import TMP_PREFIX, fail_job, publish, rename_unique
+from sharderd.daemon.outbox import TMP_PREFIX, fail_job, publish, relocated, rename_unique
 from sharderd.daemon.status import JobProgress, StatusBoard
 from sharderd.errors import JobCancelledError, SharderdError
+from sharderd.filenames import raw_bytes, text
 from sharderd.job.run import JobResult, write_report
 from sharderd.logs import get_logger
 
-__all__ = ["REPORTS", "WORK_DIR", "JobContext", "JobFiling", "cancel_claimed", "fail_claimed"]
+__all__ = [
+    "REPORTS",
+    "WORK_DIR",
+    "JobContext",
+    "JobFiling",
+    "cancel_claimed",
+    "fail_claimed",
+    "job_facts",
+]
 
 WORK_DIR: Final = ".work"
 """Attempt files inside ``processing/<job_id>/``; a dotfile so no job name can collide with it."""
@@ -54,6 +63,18 @@ class JobContext:
     """Environment of planning workers and attempts (``childenv.child_env()``)."""
     inflight: dict[str, anyio.Event] = field(default_factory=dict)
     """Content keys being computed now: a second job with the same key waits, then is a duplicate."""
+
+
+def job_facts(job: ClaimedJob) -> dict[str, Any]:
+    """report.json's ``job``: the job id, its name (``safe_name``) and the inbox entry it came
+    from, as text and as its exact bytes (hex)."""
+    return {"id": job.job_id, "name": job.name, **entry_facts(job)}
+
+
+def entry_facts(job: ClaimedJob) -> dict[str, str]:
+    """The inbox entry's name as text (``%XX`` for bytes that are not UTF-8) and exactly (hex)."""
+    entry = job.entry.name if job.entry != job.job_dir else job.name
+    return {"entry": text(entry), "entry_hex": raw_bytes(entry).hex()}
 
 
 def fail_claimed(job: ClaimedJob, ctx: JobContext, error: SharderdError) -> JobState:
@@ -146,7 +167,7 @@ class JobFiling:
             "job.failed",
             name=self.job.name,
             reason=info.get("reason"),
-            message=info.get("message"),
+            message=relocated(info.get("message"), self.job.job_dir, failed),
             failed=str(failed),
             duration_s=self._duration(),
             exc_info=exc_info,
@@ -178,6 +199,7 @@ class JobFiling:
         # first: a partial result may be what filled the disk
         shutil.rmtree(self.work_root, ignore_errors=True)
         shutil.rmtree(self.out, ignore_errors=True)
+        info = {**entry_facts(self.job), **info}
         self.record = self.ctx.journal.record(replace(self.record, state=state, error=info))
         daemon = self.ctx.config.daemon
         if report is not None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, final, get_args
 
 from sharderd.daemon.outbox import TMP_PREFIX, find_published
+from sharderd.filenames import safe_name, text_values
 from sharderd.fsutil import atomic_write, fsync_dir, write_temp
 from sharderd.isotime import iso_time
 
@@ -137,7 +138,8 @@ class Journal:
         stamp = iso_time(self.now())
         job = replace(job, created=job.created or stamp, updated=stamp)
         self.journal_dir.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(asdict(job), indent=1, sort_keys=True, default=str)
+        # text_values: an error message may name a path that is not UTF-8 (as %XX in the file)
+        text = json.dumps(text_values(asdict(job)), indent=1, sort_keys=True, default=str)
         atomic_write(self._path(job.job_id), text, mode=_MODE)
         return job
 
@@ -248,7 +250,7 @@ def recover(
             continue
         seen.add(job_dir.name)
         record = records.get(job_dir.name)
-        name = record.name if record is not None else _guess_name(job_dir)
+        name = safe_name(record.name if record is not None else _guess_name(job_dir))
         result = (
             None
             if record is not None and record.terminal

@@ -19,6 +19,7 @@ from sharderd.backends.pool import AttemptPool
 from sharderd.backends.registry import AttemptHosts, resolve_backend
 from sharderd.config import Config, SearchOptions
 from sharderd.errors import NoSplitError, NotProvenError, SharderdError
+from sharderd.filenames import text_values
 from sharderd.fsutil import atomic_write
 from sharderd.job.codec import ModelSummary
 from sharderd.job.prove import Emit, Prover, ProveResult
@@ -54,6 +55,8 @@ class JobSpec:
     priority: int = 0
     isolate_planning: bool = False
     """Plan in a child process (the daemon): a huge model never blocks the event loop."""
+    report_extra: Mapping[str, Any] | None = None
+    """Top-level keys the caller adds to report.json, failed or not (the daemon's ``job``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,7 @@ class JobFailed(SharderdError):
 def write_report(report: Mapping[str, Any], out_dir: Path) -> None:
     """report.json is the source; report.md and report.html are its renderings for people."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    report = text_values(report)  # a path that is not UTF-8 as %XX: every file stays UTF-8
     atomic_write(out_dir / "report.json", json.dumps(report, indent=1) + "\n")
     atomic_write(out_dir / "report.md", render_markdown(report))
     atomic_write(out_dir / "report.html", render_html(report))
@@ -144,6 +148,7 @@ async def shard_job(
             backend=backend,
             attempts=attempts,
             error=error.to_dict(),
+            extra=spec.report_extra,
         )
 
     try:
@@ -233,7 +238,7 @@ async def shard_job(
         attempts=attempts,
         outputs=outputs,
         timings_s={"load_and_analyze": summary.analyze_s},
-        extra=extra,
+        extra={**(spec.report_extra or {}), **extra},
     )
     write_report(report, spec.out_dir)
     return JobResult(report, spec.out_dir, status)

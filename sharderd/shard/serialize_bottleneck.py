@@ -23,6 +23,7 @@ import numpy as np
 from sharderd.config import Config, PlanConfig
 from sharderd.engine import analyze_file, make_plan
 from sharderd.errors import SharderdError
+from sharderd.filenames import safe_name
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.bounds import node_work
 from sharderd.plan.ordered_costs import calibrated_compute_s
@@ -73,13 +74,13 @@ def serialize_for_devices(
         copy_external_data(analysis.loaded.external_files, first.parent, work_dir, link=True)
     model, done, written = analysis.model, [], []
     for n, (i, pieces) in enumerate(sorted(chosen.items())):
-        written.append(work_dir / f"{path.stem}.bottleneck{n}.data")
+        written.append(work_dir / f"{safe_name(path.stem)}.bottleneck{n}.data")
         name = analysis.flow.node_names[i]
         model, record = serialize_node(
             model, name, pieces, base_dir=first.parent, data_path=written[-1]
         )
         done.append(record)
-    out = work_dir / f"{path.stem}.bottleneck.onnx"
+    out = work_dir / f"{safe_name(path.stem)}.bottleneck.onnx"
     write_model(model, out)
     written.append(out)
     serialized = analyze_file(out, config)
