@@ -79,11 +79,24 @@ class JobRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobRecord:
+        """The record ``asdict`` wrote; ``ValueError`` (or ``TypeError``) for anything else, so a
+        damaged record is refused here, not by whatever reads a field later."""
         known = {f.name for f in fields(cls)}
         record = cls(**{k: v for k, v in data.items() if k in known})
-        if record.state not in _STATES or not isinstance(record.attempts, int):
+        if (
+            record.state not in _STATES
+            or not all(isinstance(v, str) for v in (record.job_id, record.name))
+            or not all(_is_int(v) for v in (record.attempts, record.priority))
+            or not (record.max_attempts is None or _is_int(record.max_attempts))
+            or not all(v is None or isinstance(v, str) for v in (record.sha256, record.result))
+            or not (record.error is None or isinstance(record.error, Mapping))
+        ):
             raise ValueError(f"bad job record {data!r}")
         return record
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +120,7 @@ class Journal:
         self.now = now
 
     def load_all(
-        self, *, on_corrupt: Callable[[Path, str], None] | None = None
+        self, *, on_corrupt: Callable[[Path, str], object] | None = None
     ) -> dict[str, JobRecord]:
         """Every record by job id, oldest id first. Temp files are removed; unreadable records skipped."""
         self.journal_dir.mkdir(parents=True, exist_ok=True)
@@ -149,6 +162,18 @@ class Journal:
         if job is None:
             raise KeyError(job_id)
         return self.record(replace(job, attempts=job.attempts + 1))
+
+    def set_aside(self, job_id: str) -> Path | None:
+        """Rename an unreadable record to ``<job_id>.json.unreadable`` (kept for a look, never read
+        again); the path it got, or None when there was none."""
+        path = self._path(job_id)
+        aside = path.with_name(f"{path.name}.unreadable")
+        try:
+            path.rename(aside)
+        except FileNotFoundError:
+            return None
+        fsync_dir(self.journal_dir)
+        return aside
 
     def remove(self, job_id: str) -> None:
         self._path(job_id).unlink(missing_ok=True)
@@ -208,9 +233,12 @@ class RecoveredJob:
     name: str
     job_dir: Path
     record: JobRecord | None
-    """None when the daemon died between the claim and the first journal write."""
+    """None when the daemon died between the claim and the first journal write (or the record
+    is unreadable: ``problem``)."""
     result: Path | None = None
     """Its published result, when the daemon died after publishing but before recording it."""
+    problem: str | None = None
+    """Why nothing can tell what became of it (its journal record is unreadable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,26 +255,35 @@ class RecoveryReport:
     """Non-terminal records whose ``processing/`` folder is gone; nothing can run, mark them."""
     removed: tuple[Path, ...] = ()
     """Swept: ``outbox/.tmp-*`` and ``index/.*.tmp`` leftovers and empty claim folders."""
+    unreadable: tuple[RecoveredJob, ...] = ()
+    """Unpublished jobs whose journal record is unreadable (torn, damaged): what they did is
+    unknown, so they are filed under ``failed/`` rather than run again (``problem`` says why)."""
+    errors: tuple[str, ...] = ()
+    """What did not stop the start but is wrong: leftovers that could not be removed (tried again
+    at the next start), unreadable records of jobs no longer in ``processing/``."""
 
 
 def recover(
     state_dir: Path, outbox: Path, *, max_attempts: int = 8, journal: Journal | None = None
 ) -> RecoveryReport:
-    """Sort out ``processing/`` after an unclean stop; run it before the first claim."""
+    """Sort out ``processing/`` after an unclean stop; run it before the first claim.
+
+    Nothing here stops a start: an unreadable record makes its job ``unreadable``, a leftover that
+    cannot be removed is one of ``errors``. Only an unreadable ``processing/`` itself raises."""
     journal = journal or Journal(state_dir)
-    records = journal.load_all()
-    removed = [_remove(p) for p in sorted(outbox.glob(f"{TMP_PREFIX}*"))]
-    removed += [
-        _remove(p) for p in sorted(journal.index_dir.glob(".*.tmp"))
-    ]  # a ``remember`` cut short
+    corrupt: dict[str, str] = {}
+    records = journal.load_all(on_corrupt=lambda path, why: corrupt.setdefault(path.stem, why))
+    removed: list[Path] = []
+    errors: list[str] = []
+    leftovers = [*outbox.glob(f"{TMP_PREFIX}*"), *journal.index_dir.glob(".*.tmp")]
     processing = state_dir / "processing"
-    resume, to_fail, finish = [], [], []
+    resume, to_fail, finish, unreadable = [], [], [], []
     seen: set[str] = set()
     for job_dir in sorted(processing.iterdir()) if processing.is_dir() else ():
         if not job_dir.is_dir() or job_dir.is_symlink():
             continue
         if not any(job_dir.iterdir()):
-            removed.append(_remove(job_dir))
+            leftovers.append(job_dir)
             continue
         seen.add(job_dir.name)
         record = records.get(job_dir.name)
@@ -256,20 +293,43 @@ def recover(
             if record is not None and record.terminal
             else find_published(outbox, name, job_dir.name)
         )
-        job = RecoveredJob(job_dir.name, name, job_dir, record, result)
+        problem = corrupt.get(job_dir.name) if record is None else None
+        if problem is not None:
+            problem = f"its journal record ({journal.journal_dir / job_dir.name}.json) is unreadable: {problem}"
+        job = RecoveredJob(job_dir.name, name, job_dir, record, result, problem)
         limit = (record.max_attempts if record and record.max_attempts else None) or max_attempts
         if result is not None or (record is not None and record.terminal):
             finish.append(job)
+        elif problem is not None:
+            unreadable.append(job)
         elif record is not None and record.attempts >= limit:
             to_fail.append(job)
         else:
             resume.append(job)
+    for path in sorted(leftovers):  # ``.tmp-*`` results, ``remember``s cut short, empty claims
+        try:
+            removed.append(_remove(path))
+        except OSError as exc:
+            errors.append(f"cannot remove {path}: {exc.strerror or exc}")
     stale = tuple(
         r
         for r in records.values()
         if not r.terminal and r.state != "detected" and r.job_id not in seen
     )
-    return RecoveryReport(tuple(resume), tuple(to_fail), tuple(finish), stale, tuple(removed))
+    errors += [
+        f"journal record {job_id}.json is unreadable ({why}); no job of it is left in processing/"
+        for job_id, why in sorted(corrupt.items())
+        if job_id not in seen
+    ]
+    return RecoveryReport(
+        tuple(resume),
+        tuple(to_fail),
+        tuple(finish),
+        stale,
+        tuple(removed),
+        tuple(unreadable),
+        tuple(errors),
+    )
 
 
 def _remove(path: Path) -> Path:
