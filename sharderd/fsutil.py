@@ -12,7 +12,7 @@ import secrets
 from pathlib import Path
 from typing import TypedDict, Unpack
 
-__all__ = ["WriteOptions", "atomic_write", "fsync_dir", "write_temp"]
+__all__ = ["WriteOptions", "atomic_write", "copy_synced", "fsync_dir", "make_dirs", "write_temp"]
 
 _TEMP_NAME_ROOM = 255 - len(".") - len(".01234567.tmp")
 """Bytes of the final name a temp file's name keeps: it fits in 255 whatever the final name."""
@@ -86,3 +86,34 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def copy_synced(src: Path, dst: Path, *, mode: int) -> None:
+    """Copy ``src``'s bytes to a new ``dst`` with exactly ``mode``, fsynced (not its folder)."""
+    with open(src, "rb") as f:
+        data = f.read()
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    with open(fd, "wb") as out:
+        os.fchmod(fd, mode)
+        out.write(data)
+        out.flush()
+        os.fsync(fd)
+
+
+def make_dirs(path: Path, mode: int) -> None:
+    """``mkdir -p`` whose every new folder survives a power cut: each is fsynced in its parent.
+
+    ``FileExistsError`` when ``path`` is a file; nothing happens when it is a folder already."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.is_dir():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=mode)
+        except FileExistsError:
+            if not folder.is_dir():
+                raise
+            continue
+        fsync_dir(folder.parent)

@@ -28,7 +28,7 @@ from sharderd.daemon.intake import is_staging_name
 from sharderd.daemon.queue import JobQueue, Seen, Waiting
 from sharderd.daemon.status import StatusBoard
 from sharderd.errors import EXIT_BAD_INPUT, SharderdError
-from sharderd.fsutil import atomic_write
+from sharderd.fsutil import atomic_write, make_dirs
 from sharderd.isotime import iso_time
 from sharderd.logs import get_logger
 
@@ -69,7 +69,7 @@ def is_job_id(text: str) -> bool:
 def ensure_control_dir(state_dir: Path, mode: int) -> Path:
     """Create ``state_dir/control`` (the daemon does, with ``dir_mode``: only its users may cancel by id)."""
     path = state_dir / CONTROL_DIR
-    path.mkdir(mode=mode, exist_ok=True)
+    make_dirs(path, mode)
     return path
 
 

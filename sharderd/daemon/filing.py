@@ -29,6 +29,7 @@ from sharderd.daemon.outbox import TMP_PREFIX, fail_job, publish, relocated, ren
 from sharderd.daemon.status import JobProgress, StatusBoard
 from sharderd.errors import JobCancelledError, SharderdError
 from sharderd.filenames import raw_bytes, text
+from sharderd.fsutil import copy_synced, fsync_dir
 from sharderd.job.run import JobResult, write_report
 from sharderd.logs import get_logger
 
@@ -113,10 +114,11 @@ class JobFiling:
         self.progress.attempts_running = 0
         shutil.rmtree(self.work_root, ignore_errors=True)
         published = publish(self.out, self.ctx.dirs.outbox, self.job.name, **self._modes())
+        # the index first: a terminal record is never ahead of it, whenever the daemon stops
+        self.ctx.journal.remember(key, published, self.job.job_id)
         self.record = self.ctx.journal.record(
             replace(self.record, state="succeeded", result=str(published))
         )
-        self.ctx.journal.remember(key, published, self.job.job_id)
         _log.info(
             "job.succeeded",
             name=self.job.name,
@@ -141,7 +143,7 @@ class JobFiling:
             result=original.result,
             outbox=str(pointer),
         )
-        self.retire_input(pointer)
+        self.retire_input(pointer, duplicate=True)
         return "duplicate"
 
     def publish_pointer(self, original_job_id: str, original: Path) -> Path:
@@ -219,18 +221,26 @@ class JobFiling:
         self.record = self.ctx.journal.record(replace(self.record, result=str(failed)))
         return failed
 
-    def retire_input(self, result: Path | None = None) -> None:
+    def retire_input(self, result: Path | None = None, *, duplicate: bool = False) -> None:
         """The input leaves ``processing/``: to ``done/<name>`` (``keep_input``), beside a copy of
-        the result's reports, or deleted."""
+        the result's reports, or deleted. A duplicate's input is deleted either way: its bytes are
+        the original's, kept in the original's ``done/`` folder; its ``done/<name>`` holds the
+        reports that say so. The copies are written with ``file_mode`` and fsynced, and so is the
+        folder, before it moves: no cut leaves an empty report in ``done/``."""
+        job = self.job
         shutil.rmtree(self.work_root, ignore_errors=True)
+        if duplicate and job.entry != job.job_dir:
+            _remove(job.entry)
         if self.ctx.config.daemon.keep_input:
+            mode = self.ctx.config.daemon.file_mode
             for report in () if result is None else (result / name for name in REPORTS):
                 with contextlib.suppress(FileNotFoundError):  # an older result may lack report.html
-                    shutil.copyfile(report, self.job.job_dir / report.name)
-            rename_unique(self.job.job_dir, self.ctx.dirs.done, self.job.name)
+                    copy_synced(report, job.job_dir / report.name, mode=mode)
+            fsync_dir(job.job_dir)
+            rename_unique(job.job_dir, self.ctx.dirs.done, job.name)
         else:
-            shutil.rmtree(self.job.job_dir)
-        self.ctx.pool.forget(self.job.job_id)
+            shutil.rmtree(job.job_dir)
+        self.ctx.pool.forget(job.job_id)
 
     def interrupted(self) -> None:
         """Cancelled by shutdown: drop the partial result, give back this run's count, keep the job."""
@@ -249,3 +259,10 @@ class JobFiling:
 
     def _duration(self) -> float:
         return round(time.monotonic() - self.started, 3)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

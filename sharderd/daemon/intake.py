@@ -339,6 +339,9 @@ def claim(
     """
     job_dir = processing_dir / job_id
     job_dir.mkdir(mode=dir_mode)
+    # its entry durable before the model moves in: else a power cut that keeps the inbox's loss
+    # of the model (fsynced below) could lose the folder holding it
+    fsync_dir(processing_dir)
     entry = job_dir / candidate.path.name
     try:
         candidate.path.rename(entry)

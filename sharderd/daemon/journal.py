@@ -179,6 +179,13 @@ class Journal:
         self._path(job_id).unlink(missing_ok=True)
         fsync_dir(self.journal_dir)
 
+    def indexed(self, sha256: str) -> bool:
+        """Whether the index has an entry for ``sha256`` (a bad key has none)."""
+        try:
+            return self._index_path(sha256).exists()
+        except ValueError:
+            return False
+
     def lookup(self, sha256: str) -> IndexEntry | None:
         """The first result for this content, if it still exists."""
         entry = self._read_index(sha256)
@@ -258,6 +265,9 @@ class RecoveryReport:
     unreadable: tuple[RecoveredJob, ...] = ()
     """Unpublished jobs whose journal record is unreadable (torn, damaged): what they did is
     unknown, so they are filed under ``failed/`` rather than run again (``problem`` says why)."""
+    unindexed: tuple[JobRecord, ...] = ()
+    """``succeeded`` records of jobs no longer in ``processing/`` whose content is missing from the
+    index (a daemon before this one wrote it after the record): remembered again."""
     errors: tuple[str, ...] = ()
     """What did not stop the start but is wrong: leftovers that could not be removed (tried again
     at the next start), unreadable records of jobs no longer in ``processing/``."""
@@ -316,6 +326,14 @@ def recover(
         for r in records.values()
         if not r.terminal and r.state != "detected" and r.job_id not in seen
     )
+    unindexed = tuple(
+        r
+        for r in records.values()
+        if r.state == "succeeded"
+        and r.sha256
+        and r.job_id not in seen
+        and not journal.indexed(r.sha256)
+    )
     errors += [
         f"journal record {job_id}.json is unreadable ({why}); no job of it is left in processing/"
         for job_id, why in sorted(corrupt.items())
@@ -328,6 +346,7 @@ def recover(
         stale,
         tuple(removed),
         tuple(unreadable),
+        unindexed,
         tuple(errors),
     )
 

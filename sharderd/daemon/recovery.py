@@ -11,6 +11,7 @@ Attempts a killed daemon left running are killed first, so none writes into a fo
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Callable
 from dataclasses import replace
@@ -54,6 +55,10 @@ def recover_jobs(ctx: JobContext) -> list[Waiting]:
         )
     for found in report.unreadable:
         _count(board, quarantine(found, ctx, found.problem or "its journal record is unreadable"))
+    for record in report.unindexed:  # succeeded before an index write was made durable
+        with contextlib.suppress(OSError, ValueError):
+            if record.sha256 and record.result and Path(record.result).is_dir():
+                ctx.journal.remember(record.sha256, Path(record.result), record.job_id)
     for record in report.stale:
         try:
             mark_lost(record, ctx.journal)
@@ -79,6 +84,7 @@ def recover_jobs(ctx: JobContext) -> list[Waiting]:
         failed=len(report.to_fail),
         unrecoverable=len(report.unreadable),
         lost=len(report.stale),
+        reindexed=len(report.unindexed),
         removed=[str(p) for p in report.removed],
         killed_strays=strays,
     )
@@ -194,17 +200,22 @@ def finish_recovered(found: RecoveredJob, ctx: JobContext) -> JobState:
         record = found.record or JobRecord(found.job_id, found.name, state="claimed")
         run = JobFiling(reclaim(found), ctx, JobProgress(found.job_id, found.name))
         if found.result is not None and not record.terminal:
-            ctx.journal.record(replace(record, state="succeeded", result=str(found.result)))
-            if record.sha256:
+            if record.sha256:  # the index first, as ``JobFiling.succeed`` does
                 ctx.journal.remember(record.sha256, found.result, found.job_id)
+            ctx.journal.record(replace(record, state="succeeded", result=str(found.result)))
             _log.info("job.succeeded", name=found.name, result=str(found.result), recovered=True)
             run.retire_input(found.result)
             return "succeeded"
-        if record.state == "duplicate" and record.result:
-            run.retire_input(run.publish_pointer(_marker(Path(record.result)), Path(record.result)))
+        if record.state == "duplicate":
+            original = Path(record.result) if record.result else None
+            pointer = None if original is None else run.publish_pointer(_marker(original), original)
+            run.retire_input(pointer, duplicate=True)
             return record.state
-        if record.state in ("succeeded", "duplicate"):
-            run.retire_input(Path(record.result) if record.result else None)
+        if record.state == "succeeded":
+            result = Path(record.result) if record.result else None
+            if record.sha256 and result is not None and result.is_dir():
+                ctx.journal.remember(record.sha256, result, found.job_id)  # no-op when indexed
+            run.retire_input(result)
             return record.state
         error = dict(
             record.error

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_helpers import chain_model, drop, running, save_model, staged, write_config
+from daemon_helpers import chain_model, drop, results, running, save_model, staged, write_config
 from daemon_served import serving
 
 pytestmark = pytest.mark.skipif(
@@ -167,3 +167,29 @@ def test_all_broken_states_at_once_in_a_real_process(root: Path) -> None:
     assert (
         root / "state" / "failed" / "%E9t%E9" / os.fsdecode(b"\xe9t\xe9.onnx")
     ).read_bytes() == _model(1)
+
+
+@pytest.mark.parametrize("where", ["retired", "in processing"])
+def test_a_succeeded_record_the_index_lacks_is_indexed_again(root: Path, where: str) -> None:
+    """The state a daemon before this one could leave (it journaled ``succeeded`` before it wrote
+    the index): its job retired to ``done/``, or still in ``processing/``. At the next start the
+    content is indexed again, so the same bytes dropped again are a duplicate, not a second result."""
+    data = staged(root, "first").read_bytes()
+    config = write_config(root)
+    with running(config) as daemon:
+        drop(root / "models" / "first.onnx", root / "inbox")
+        [line] = daemon.wait_for("job.succeeded", timeout=120)
+    for entry in (root / "state" / "index").iterdir():
+        entry.unlink()
+    if where == "in processing":
+        job_dir = root / "state" / "processing" / line["job_id"]
+        (root / "state" / "done" / "first").rename(job_dir)
+        for report in job_dir.glob("report.*"):
+            report.unlink()
+    (root / "models" / "again.onnx").write_bytes(data)
+    with running(config) as daemon:
+        assert daemon.events("journal.recovered")[0]["reindexed"] == (where == "retired")
+        drop(root / "models" / "again.onnx", root / "inbox")
+        [duplicate] = daemon.wait_for("job.duplicate", timeout=120)
+        assert duplicate["original_job_id"] == line["job_id"]
+    assert [p.name for p in results(root / "outbox")] == ["first"]
