@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sharderd.fsutil import fsync_dir
+
 HOOK = r"""
 import base64, builtins, io, json, os, stat, sys
 
@@ -213,11 +215,7 @@ def drop_traced(src: Path, dst: Path) -> None:
     src.rename(dst)
     ops = [rename]
     for folder in (dst.parent, src.parent):
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(folder)
         ops.append({"op": "fsync", "path": str(folder), "ino": folder.stat().st_ino, "dir": True})
     with trace_path(root).open("a") as f:
         f.write("".join(json.dumps(op) + "\n" for op in ops))

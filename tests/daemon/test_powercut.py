@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -22,6 +21,8 @@ import pytest
 from daemon_helpers import DaemonProcess, drop, pointers, results, running, staged, write_config
 from powercut import cuts, drop_traced, load_trace, materialize, traced
 
+from sharderd.fsutil import fsync_dir
+
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="the daemon reads /proc and uses inotify"
 )
@@ -29,17 +30,9 @@ pytestmark = pytest.mark.skipif(
 Trace = list[dict[str, Any]]
 
 
-def _fsync(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _drop_durably(src: Path, inbox: Path, name: str | None = None) -> None:
     drop(src, inbox, name)
-    _fsync(inbox)
+    fsync_dir(inbox)
 
 
 def traced_run(root: Path) -> tuple[Trace, Path, bytes]:
