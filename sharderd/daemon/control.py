@@ -28,6 +28,7 @@ from sharderd.daemon.intake import is_staging_name
 from sharderd.daemon.queue import JobQueue, Seen, Waiting
 from sharderd.daemon.status import StatusBoard
 from sharderd.errors import EXIT_BAD_INPUT, SharderdError
+from sharderd.filenames import safe_name
 from sharderd.fsutil import atomic_write, make_dirs
 from sharderd.isotime import iso_time
 from sharderd.logs import get_logger
@@ -196,8 +197,8 @@ class ControlWatch:
                 name = re.sub(
                     r"\.onnx$", "", entry.removesuffix(CANCEL_SUFFIX), flags=re.IGNORECASE
                 )
-                if name:
-                    yield CancelRequest(self.inbox / entry, None, name, f"inbox/{entry}")
+                if name:  # jobs are named by safe_name: so is the request
+                    yield CancelRequest(self.inbox / entry, None, safe_name(name), f"inbox/{entry}")
 
 
 def _mtime_key(path: Path) -> tuple[int, int]:
