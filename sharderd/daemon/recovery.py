@@ -55,20 +55,7 @@ def recover_jobs(ctx: JobContext) -> list[Waiting]:
         )
     for found in report.unreadable:
         _count(board, quarantine(found, ctx, found.problem or "its journal record is unreadable"))
-    for record in report.unindexed:  # succeeded before an index write was made durable
-        with contextlib.suppress(OSError, ValueError):
-            if record.sha256 and record.result and Path(record.result).is_dir():
-                ctx.journal.remember(record.sha256, Path(record.result), record.job_id)
-    for record in report.stale:
-        try:
-            mark_lost(record, ctx.journal)
-        except (OSError, ValueError) as exc:
-            _log.error(
-                "daemon.error",
-                job_id=record.job_id,
-                error=str(exc),
-                message="cannot mark the job lost",
-            )
+    _settle_records(report.unindexed, report.stale, ctx.journal)
     resumed = []
     for found in report.resume:
         try:
@@ -147,6 +134,26 @@ def quarantine(
         except OSError as err:  # the folder is filed; the journal only keeps the history
             _log.warning("daemon.error", error=str(err), message="cannot journal the filed job")
         return "failed"
+
+
+def _settle_records(
+    unindexed: tuple[JobRecord, ...], stale: tuple[JobRecord, ...], journal: Journal
+) -> None:
+    """Index again the ``succeeded`` jobs the index lacks; mark the records of vanished jobs lost."""
+    for record in unindexed:  # a daemon before this one journaled the success before indexing it
+        with contextlib.suppress(OSError, ValueError):
+            if record.sha256 and record.result and Path(record.result).is_dir():
+                journal.remember(record.sha256, Path(record.result), record.job_id)
+    for record in stale:
+        try:
+            mark_lost(record, journal)
+        except (OSError, ValueError) as exc:
+            _log.error(
+                "daemon.error",
+                job_id=record.job_id,
+                error=str(exc),
+                message="cannot mark the job lost",
+            )
 
 
 def _crashed(found: RecoveredJob, ctx: JobContext) -> WorkerCrashedError:
