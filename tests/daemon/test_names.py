@@ -51,8 +51,11 @@ def _model_bytes(seed: int) -> bytes:
 
 
 def _check_log_is_utf8_json(daemon: DaemonProcess) -> None:
-    """Every stdout line parsed as JSON (a line with invalid UTF-8 would not), no watch failure."""
+    """Every stdout line parsed as JSON (a line with invalid UTF-8 would not) and holds no lone
+    surrogate (a backslash-udcXX escape, which strict JSON readers refuse); no watch failure."""
     assert not daemon.events("<not json>"), daemon.events("<not json>")
+    for line in daemon.lines:
+        json.dumps(line, ensure_ascii=False).encode("utf-8")  # strict: raises on a surrogate
     assert not daemon.events("watch.failed")
     assert not daemon.events("daemon.error")
 
