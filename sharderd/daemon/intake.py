@@ -20,8 +20,9 @@ complete at once: the rename is the writer's "done". Which entries were renamed 
 word, not a guess: inotify's ``IN_MOVED_TO`` (``sharderd.daemon.inotify``), raised for a rename from
 a staging name in the inbox (``.x.onnx.part`` → ``x.onnx``) and for one from elsewhere on the
 filesystem alike, and never for a file created in place. (Timestamps cannot tell: a rename in the
-same clock tick as the last write leaves ctime == mtime.) Such an entry is complete once its signature is the same on two looks ``confirm_seconds``
-apart, which catches a writer still writing into a file it renamed in early.
+same clock tick as the last write leaves ctime == mtime.) Such an entry is complete once its
+signature is the same on two looks ``confirm_seconds`` apart, which catches a writer still writing
+into a file it renamed in early.
 
 Claiming is ``os.rename`` into ``processing/<job_id>/``: atomic, so of two daemons sharing an inbox
 exactly one succeeds and the other sees the path gone. The settle window is the contract: a writer
