@@ -275,9 +275,9 @@ def _fuzz_kinds(r: CampaignResult) -> str:
         rows.append([kind, counts.get("inputs", 0), outcomes + known])
     findings = [*r.stuck, *r.internal_errors, *r.problems]
     table = markdown_table(("Kind", "Inputs", "Outcomes"), rows)
-    known = [*r.known_stuck, *r.known_internal]
+    known = [w.split(":", 2)[0] + ")" for w in [*r.known_stuck, *r.known_internal]]
     if known:
-        table += "\n\nKnown (another change fixes them): " + "; ".join(known[:20])
+        table += "\n\nKnown (another change fixes them): " + ", ".join(known)
     if findings:
         table += "\n\nFindings: " + "; ".join(findings[:50])
     return table

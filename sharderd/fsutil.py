@@ -7,6 +7,7 @@ level helper with no sharderd imports, so the engine may use it too.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from pathlib import Path
@@ -103,16 +104,21 @@ def copy_synced(src: Path, dst: Path, *, mode: int) -> None:
 def make_dirs(path: Path, mode: int) -> None:
     """``mkdir -p`` whose every new folder survives a power cut: each is fsynced in its parent.
 
-    ``FileExistsError`` when ``path`` is a file; nothing happens when it is a folder already."""
+    Nothing happens when ``path`` is a folder already; ``FileExistsError`` when it is something
+    else, ``NotADirectoryError`` when one of its parents is (as ``Path.mkdir(parents=True)``)."""
     missing = []
     for folder in (path, *path.parents):
-        if folder.is_dir():
+        if os.path.lexists(folder):
+            if not folder.is_dir():
+                code = errno.EEXIST if folder == path else errno.ENOTDIR
+                error = FileExistsError if folder == path else NotADirectoryError
+                raise error(code, os.strerror(code), str(folder))
             break
         missing.append(folder)
     for folder in reversed(missing):
         try:
             folder.mkdir(mode=mode)
-        except FileExistsError:
+        except FileExistsError:  # made meanwhile by someone else
             if not folder.is_dir():
                 raise
             continue

@@ -184,12 +184,19 @@ def _first_free(parent: Path, name: str) -> Path:
     return parent / name
 
 
-def _command(*words: str | Path | None, operands: tuple[str | Path, ...] = ()) -> str:
-    """A command bash runs as written: each word quoted (``filenames.shell_word``, any bytes), and
-    ``--`` before the operands when one starts with ``-`` (a name, never an option)."""
-    dash = ("--",) if any(str(o).startswith("-") for o in operands) else ()
-    quoted = [shell_word(str(w)) for w in (*words, *dash, *operands) if w is not None]
-    return "`" + " ".join(quoted) + "`"
+def _command(
+    command: tuple[str, ...],
+    operands: tuple[str | Path, ...],
+    options: tuple[str | Path | None, ...],
+) -> str:
+    """A command bash runs as written: each word quoted (``filenames.shell_word``: any bytes);
+    ``command operands options``, or, when an operand starts with ``-`` (a name, never an option),
+    ``command options -- operands``."""
+    if any(str(o).startswith("-") for o in operands):
+        words = (*command, *options, "--", *operands)
+    else:
+        words = (*command, *operands, *options)
+    return "`" + " ".join(shell_word(str(w)) for w in words if w is not None) + "`"
 
 
 def _error_md(
@@ -210,7 +217,7 @@ def _error_md(
         )
     if not info["hint"] and info["reason"] in _REPRODUCIBLE and model is not None:
         advice = (
-            f"See the same check again with {_command('sharderd', 'plan', '--devices', '1', *config, operands=(model,))}; "
+            f"See the same check again with {_command(('sharderd', 'plan'), (model,), ('--devices', '1', *config))}; "
             f"fix or re-export the model. {advice}"
         )
     lines = [
@@ -246,7 +253,7 @@ def _error_md(
     lines += [
         "",
         f"To try again, fix the problem, then move the input back into the inbox with "
-        f"{_command('sharderd', 'retry', *config, operands=(dest.name,))}.",
+        f"{_command(('sharderd', 'retry'), (dest.name,), config)}.",
         "",
     ]
     return "\n".join(lines)
