@@ -11,14 +11,20 @@ raises on the first violation, so a finished run is a passed run:
   the inbox at once, with the daemon's inotify queue lowered to ``--queue-limit`` events (root
   only; restored at once), RSS sampled from ``/proc/PID/status`` throughout;
 - *corpus*: every case of ``tests/corpus.py`` (the 10 GiB sparse model included) dropped into one
-  daemon, which must never die and must end each job once.
+  daemon, which must never die and must end each job once;
+- *fuzz*: ``--fuzz-inputs`` inputs drawn by kind (``tests/fuzz_inputs.py``: byte flips, truncations,
+  broken semantics, odd names, deep nesting, special files, sidecars, valid models, and the kinds
+  another change fixes) through one daemon restarted every ``--fuzz-restart-every`` inputs
+  (SIGTERM and kill -9 in turn); ``tests/daemon/fuzz_campaign.py`` counts deaths, stuck jobs, bugs
+  and broken promises. It reports rather than stops: the table says what held.
 
 Prints a Markdown table (the Reliability section of BENCHMARKS.md); raw numbers go to
 ``bench/out/daemon_soak.json``. Lowering the inotify queue needs root; without it the burst runs
 with the host's limit.
 
-    python bench/daemon_soak.py                              # 60 jobs / 25 kills, 1,000 models, corpus
+    python bench/daemon_soak.py                              # 60 jobs / 25 kills, 1,000 models, corpus, fuzz
     python bench/daemon_soak.py --skip burst --kills 100 --jobs 120 --seed 3
+    python bench/daemon_soak.py --skip kill --skip burst --skip corpus --fuzz-inputs 1000
 """
 
 from __future__ import annotations
@@ -45,7 +51,9 @@ from _common import (  # bench/ is on sys.path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests" / "daemon"), str(REPO / "tests"), str(REPO)]
 
-from test_daemon_faults import (  # noqa: E402  (after the path set-up)
+from fuzz_campaign import CampaignResult, campaign  # noqa: E402  (after the path set-up)
+from fuzz_inputs import KNOWN  # noqa: E402
+from test_daemon_faults import (  # noqa: E402
     FLAT_RSS_BYTES,
     BurstResult,
     CorpusResult,
@@ -56,7 +64,7 @@ from test_daemon_faults import (  # noqa: E402  (after the path set-up)
     soak_jobs,
 )
 
-PHASES = ("kill", "burst", "corpus")
+PHASES = ("kill", "burst", "corpus", "fuzz")
 
 
 def main() -> int:
@@ -77,6 +85,21 @@ def main() -> int:
         type=int,
         default=16,
         help="inotify max_queued_events for the burst; 0 leaves it",
+    )
+    parser.add_argument(
+        "--fuzz-inputs", type=int, default=1000, help="inputs in the fuzz campaign (default 1000)"
+    )
+    parser.add_argument(
+        "--fuzz-restart-every",
+        type=int,
+        default=250,
+        help="restart the daemon every N inputs, SIGTERM and kill -9 in turn (default 250)",
+    )
+    parser.add_argument(
+        "--fuzz-deadline",
+        type=float,
+        default=300.0,
+        help="seconds after its claim a job is stuck (default 300)",
     )
     parser.add_argument(
         "--skip", action="append", choices=PHASES, default=[], help="leave a phase out (repeatable)"
@@ -119,6 +142,20 @@ def main() -> int:
             "seconds": round(time.monotonic() - start, 1),
         }
         rows.append(_corpus_row(corpus, raw["corpus"]["seconds"]))
+    kinds_table = None
+    if "fuzz" not in args.skip:
+        print(f"fuzz campaign: {args.fuzz_inputs} inputs ...", file=sys.stderr, flush=True)
+        (work / "fuzz" / "models").mkdir(parents=True)
+        fuzz = campaign(
+            work / "fuzz",
+            args.fuzz_inputs,
+            seed=args.seed,
+            restart_every=args.fuzz_restart_every,
+            deadline_s=args.fuzz_deadline,
+        )
+        raw["fuzz"] = dataclasses.asdict(fuzz)
+        rows.append(_fuzz_row(fuzz, args))
+        kinds_table = _fuzz_kinds(fuzz)
     if args.workdir is None:
         shutil.rmtree(work)  # a failed run raised above and keeps its folders for a look
     info = machine()
@@ -132,6 +169,9 @@ def main() -> int:
             ("Run", "Size", "Daemon deaths", "Jobs lost", "Held", "Time", "Command"), rows
         )
     )
+    if kinds_table is not None:
+        print()
+        print(kinds_table)
     print()
     print(machine_markdown(info))
     return 0
@@ -200,6 +240,47 @@ def _corpus_row(r: CorpusResult, seconds: float) -> list[object]:
         f"{seconds:.0f} s",
         "`python bench/daemon_soak.py --skip kill --skip burst`",
     ]
+
+
+def _fuzz_row(r: CampaignResult, args: argparse.Namespace) -> list[object]:
+    median, p99, longest = r.latency_s
+    held = (
+        f"{r.jobs} jobs, each ended once; {r.restarts} restarts (SIGTERM and kill -9 in turn), each "
+        f"clean; stuck {len(r.stuck)} (+{len(r.known_stuck)} known, cancelled); bugs "
+        f"{len(r.internal_errors)} (+{len(r.known_internal)} known); broken promises "
+        f"{len(r.problems)}; claim to end median {median:g} s, p99 {p99:g} s, max {longest:g} s; "
+        f"RSS {fmt_bytes(r.rss_bytes[0])} at ready, {fmt_bytes(r.rss_bytes[1])} at the end"
+    )
+    command = (
+        "`python bench/daemon_soak.py --skip kill --skip burst --skip corpus "
+        f"--fuzz-inputs {args.fuzz_inputs} --fuzz-restart-every {args.fuzz_restart_every} --seed {args.seed}`"
+    )
+    lost = sum("never ended" in p for p in r.problems)
+    return [
+        "fuzz campaign",
+        f"{r.inputs} inputs",
+        r.deaths,
+        lost,
+        held,
+        f"{r.seconds:.0f} s",
+        command,
+    ]
+
+
+def _fuzz_kinds(r: CampaignResult) -> str:
+    rows = []
+    for kind, counts in r.by_kind.items():
+        outcomes = ", ".join(f"{k} {v}" for k, v in counts.items() if k != "inputs")
+        known = f" (known: {KNOWN[kind]})" if kind in KNOWN else ""
+        rows.append([kind, counts.get("inputs", 0), outcomes + known])
+    findings = [*r.stuck, *r.internal_errors, *r.problems]
+    table = markdown_table(("Kind", "Inputs", "Outcomes"), rows)
+    known = [w.split(":", 2)[0] + ")" for w in [*r.known_stuck, *r.known_internal]]
+    if known:
+        table += "\n\nKnown (another change fixes them): " + ", ".join(known)
+    if findings:
+        table += "\n\nFindings: " + "; ".join(findings[:50])
+    return table
 
 
 if __name__ == "__main__":

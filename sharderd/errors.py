@@ -7,6 +7,7 @@ files them under ``failed/`` with ``err.reason``. Nothing here formats traceback
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -35,6 +36,7 @@ __all__ = [
     "VerificationError",
     "WorkerCrashedError",
     "WorkerDiedError",
+    "os_error_advice",
     "sole_exception",
 ]
 
@@ -257,6 +259,28 @@ class OutputWriteError(SharderdError):
     exit_code = EXIT_FAILED
     reason = "cannot_write"
 
+    @classmethod
+    def of(cls, exc: OSError, what: str, where: object) -> OutputWriteError:
+        return cls(
+            f"cannot write {what} to {where}: {exc.strerror or exc}",
+            hint=f"{os_error_advice(exc, 'the output folder')}, then retry the job",
+        )
+
+
+def os_error_advice(exc: OSError, where: str) -> str:
+    """What to do about a failed write, by its ``errno`` (never by its text): a name too long is
+    no matter of space or permissions."""
+    if exc.errno == errno.ENAMETOOLONG:
+        return (
+            "a file name there is longer than the filesystem allows (255 bytes a name, 4096 a path): "
+            "shorten the model's name or the folder's path"
+        )
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"free disk space on {where}"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"give the sharderd user write access to {where}"
+    return f"free space or fix permissions on {where}"
+
 
 class VerificationError(SharderdError):
     """The sharded model computes something different from the original."""
@@ -329,10 +353,17 @@ class StorageError(SharderdError):
     @classmethod
     def of(cls, exc: OSError) -> StorageError:
         where = f" ({exc.filename})" if exc.filename else ""
+        if exc.errno == errno.ENAMETOOLONG:
+            advice = os_error_advice(exc, "that folder")
+            hint = f"{advice[0].upper()}{advice[1:]}, then move the input back into the inbox."
+        else:
+            hint = (
+                "Free disk space or give the sharderd user access to that folder (inbox, outbox "
+                "and state_dir must stay writable), then move the input back into the inbox."
+            )
         return cls(
             f"sharderd could not read or write this job's files: {exc.strerror or exc}{where}",
-            hint="Free disk space or give the sharderd user access to that folder (inbox, outbox and "
-            "state_dir must stay writable), then move the input back into the inbox.",
+            hint=hint,
         )
 
 

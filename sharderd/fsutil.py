@@ -7,12 +7,16 @@ level helper with no sharderd imports, so the engine may use it too.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from pathlib import Path
 from typing import TypedDict, Unpack
 
-__all__ = ["WriteOptions", "atomic_write", "fsync_dir", "write_temp"]
+__all__ = ["WriteOptions", "atomic_write", "copy_synced", "fsync_dir", "make_dirs", "write_temp"]
+
+_TEMP_NAME_ROOM = 255 - len(".") - len(".01234567.tmp")
+"""Bytes of the final name a temp file's name keeps: it fits in 255 whatever the final name."""
 
 
 class WriteOptions(TypedDict, total=False):
@@ -57,7 +61,9 @@ def write_temp(
             exactly these, whatever the umask.
         durable: fsync the data; off for files rewritten within seconds (status, metrics).
     """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    # its name bounded: a name near the filesystem's 255 bytes must not fail for its temp file
+    head = os.fsencode(path.name)[:_TEMP_NAME_ROOM]
+    tmp = path.with_name(os.fsdecode(b".%s.%s.tmp" % (head, secrets.token_hex(4).encode())))
     raw = data.encode("utf-8") if isinstance(data, str) else data
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
@@ -81,3 +87,39 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def copy_synced(src: Path, dst: Path, *, mode: int) -> None:
+    """Copy ``src``'s bytes to a new ``dst`` with exactly ``mode``, fsynced (not its folder)."""
+    with open(src, "rb") as f:
+        data = f.read()
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    with open(fd, "wb") as out:
+        os.fchmod(fd, mode)
+        out.write(data)
+        out.flush()
+        os.fsync(fd)
+
+
+def make_dirs(path: Path, mode: int) -> None:
+    """``mkdir -p`` whose every new folder survives a power cut: each is fsynced in its parent.
+
+    Nothing happens when ``path`` is a folder already; ``FileExistsError`` when it is something
+    else, ``NotADirectoryError`` when one of its parents is (as ``Path.mkdir(parents=True)``)."""
+    missing = []
+    for folder in (path, *path.parents):
+        if os.path.lexists(folder):
+            if not folder.is_dir():
+                code = errno.EEXIST if folder == path else errno.ENOTDIR
+                error = FileExistsError if folder == path else NotADirectoryError
+                raise error(code, os.strerror(code), str(folder))
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=mode)
+        except FileExistsError:  # made meanwhile by someone else
+            if not folder.is_dir():
+                raise
+            continue
+        fsync_dir(folder.parent)

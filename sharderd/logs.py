@@ -1,7 +1,7 @@
 """structlog set-up: one JSON object per line on stdout, for journald and for the tests.
 
 Everything goes through one stdlib handler, so sharderd's own events and the ``logging`` records of
-libraries (watchfiles, onnx) share one renderer, one lock and one schema: ``ts`` (UTC ISO 8601),
+libraries (onnx, ray) share one renderer, one lock and one schema: ``ts`` (UTC ISO 8601),
 ``level``, ``event``, plus the bound context (``job_id``...). Foreign records also carry ``logger``.
 
 Event names are a closed vocabulary (``EVENTS``) so dashboards and alerts can rely on them. An
@@ -24,10 +24,13 @@ from structlog.processors import ExceptionRenderer
 from structlog.tracebacks import ExceptionDictTransformer
 from structlog.typing import FilteringBoundLogger, Processor
 
+from sharderd.filenames import text_values
+
 __all__ = [
     "EVENTS",
     "MAX_LINE_BYTES",
     "CheckEvent",
+    "EscapeBytes",
     "Truncate",
     "UnregisteredEventError",
     "configure_logging",
@@ -183,6 +186,21 @@ def _cut(value: object, budget: int) -> str:
     return marker
 
 
+@final
+class EscapeBytes:
+    """Show each byte of a value that is not UTF-8 (a file name's, as ``os.fsdecode`` gives it) as
+    ``%XX`` (``filenames.text``): the line stays valid UTF-8 JSON, and writing it cannot fail."""
+
+    __slots__ = ()
+
+    def __call__(
+        self, _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        for key, value in event_dict.items():
+            event_dict[key] = text_values(value)
+        return event_dict
+
+
 _dict_tracebacks: Final = ExceptionRenderer(
     ExceptionDictTransformer(show_locals=False, max_frames=20)
 )
@@ -195,8 +213,7 @@ def configure_logging(
     """Install the pipeline once at start-up; calling it again replaces the previous set-up.
 
     ``json=None`` picks JSON unless stdout is a terminal. The handler is bound to ``sys.stdout`` as
-    it is now (tests capture it). watchfiles' per-batch "N changes detected" INFO line is silenced
-    (its DEBUG form, listing the paths, stays available at ``level="debug"``).
+    it is now (tests capture it).
     """
     levelno = _LEVELS.get(level.lower())
     if levelno is None:
@@ -210,9 +227,9 @@ def configure_logging(
         timestamper,
     ]
     render: list[Processor] = (
-        [_dict_tracebacks, Truncate(), structlog.processors.JSONRenderer()]
+        [_dict_tracebacks, EscapeBytes(), Truncate(), structlog.processors.JSONRenderer()]
         if json
-        else [structlog.dev.ConsoleRenderer(timestamp_key="ts")]
+        else [EscapeBytes(), structlog.dev.ConsoleRenderer(timestamp_key="ts")]
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
@@ -226,9 +243,6 @@ def configure_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(levelno)
-    logging.getLogger("watchfiles.main").setLevel(
-        logging.DEBUG if levelno <= logging.DEBUG else logging.WARNING
-    )
     logging.captureWarnings(True)
     structlog.configure(
         processors=[

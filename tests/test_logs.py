@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 import structlog
-from watchfiles import Change
-from watchfiles.main import _log_changes
 
 from sharderd.logs import (
     EVENTS,
@@ -38,7 +36,6 @@ def _reset_logging() -> Iterator[None]:
     structlog.contextvars.clear_contextvars()
     root.handlers[:] = handlers
     root.setLevel(level)
-    logging.getLogger("watchfiles.main").setLevel(logging.NOTSET)
     logging.captureWarnings(False)
 
 
@@ -227,14 +224,6 @@ class TestStdlib:
         assert line["event"] == "odd model"
         assert (line["level"], line["logger"], line["job_id"]) == ("warning", "onnx.checker", "J7")
         assert datetime.fromisoformat(str(line["ts"])).utcoffset() == timedelta(0)
-
-    def test_watchfiles_batch_line_is_silenced(self, capsys: pytest.CaptureFixture[str]) -> None:
-        """watchfiles' "N changes detected" INFO line is dropped; its warnings still come through."""
-        configure_logging(json=True)
-        _log_changes({(Change.added, "/inbox/a.onnx")})
-        assert capsys.readouterr().out == ""
-        logging.getLogger("watchfiles.main").warning("KeyboardInterrupt caught, stopping watch")
-        assert lines(capsys)[0]["logger"] == "watchfiles.main"
 
     def test_warnings_are_captured(self, capsys: pytest.CaptureFixture[str]) -> None:
         """``warnings.warn`` from a library becomes a JSON line too."""

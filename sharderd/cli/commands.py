@@ -112,6 +112,7 @@ def _cmd_shard(args: argparse.Namespace) -> int:
     import anyio
 
     from sharderd.cli.progress import progress
+    from sharderd.filenames import MAX_NAME_BYTES, safe_name
     from sharderd.job.outdir import check_model_file, occupied
     from sharderd.job.run import JobFailed, JobSpec, run_local
     from sharderd.report.markdown import render_markdown
@@ -132,7 +133,15 @@ def _cmd_shard(args: argparse.Namespace) -> int:
         attempt_timeout=args.attempt_timeout,
     )
     devices, auto = device_request(args)
-    stem = args.model.name.removesuffix(".onnx")
+    given = args.model.name.removesuffix(".onnx")
+    stem = safe_name(given)
+    if stem != given:  # said, not silent: the files are not named as the model is
+        print(
+            f"sharderd: the output files are named {stem}.*: the model's name is not printable "
+            f"UTF-8 or longer than {MAX_NAME_BYTES} bytes (room for the suffixes within the "
+            "filesystem's 255)",
+            file=sys.stderr,
+        )
     out_dir = args.out or Path(f"{stem}.sharded")
     check_model_file(args.model)
     problem = None if args.overwrite else occupied(out_dir, stem)
@@ -251,12 +260,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_retry(args: argparse.Namespace) -> int:
     from sharderd.daemon.retry import retry_failed
+    from sharderd.filenames import text
 
     daemon = _ops_config(args).daemon
     result = retry_failed(
         daemon.state_dir.absolute() / "failed", daemon.inbox.absolute(), args.name
     )
-    moved = " and ".join(str(p) for p in result.moved)
+    moved = " and ".join(text(str(p)) for p in result.moved)  # a name may not be UTF-8
     print(f"retrying {result.name}: moved {moved}")
     if result.old_job_id:
         print(

@@ -28,7 +28,8 @@ from sharderd.daemon.intake import is_staging_name
 from sharderd.daemon.queue import JobQueue, Seen, Waiting
 from sharderd.daemon.status import StatusBoard
 from sharderd.errors import EXIT_BAD_INPUT, SharderdError
-from sharderd.fsutil import atomic_write
+from sharderd.filenames import safe_name
+from sharderd.fsutil import atomic_write, make_dirs
 from sharderd.isotime import iso_time
 from sharderd.logs import get_logger
 
@@ -69,7 +70,7 @@ def is_job_id(text: str) -> bool:
 def ensure_control_dir(state_dir: Path, mode: int) -> Path:
     """Create ``state_dir/control`` (the daemon does, with ``dir_mode``: only its users may cancel by id)."""
     path = state_dir / CONTROL_DIR
-    path.mkdir(mode=mode, exist_ok=True)
+    make_dirs(path, mode)
     return path
 
 
@@ -196,8 +197,8 @@ class ControlWatch:
                 name = re.sub(
                     r"\.onnx$", "", entry.removesuffix(CANCEL_SUFFIX), flags=re.IGNORECASE
                 )
-                if name:
-                    yield CancelRequest(self.inbox / entry, None, name, f"inbox/{entry}")
+                if name:  # jobs are named by safe_name: so is the request
+                    yield CancelRequest(self.inbox / entry, None, safe_name(name), f"inbox/{entry}")
 
 
 def _mtime_key(path: Path) -> tuple[int, int]:

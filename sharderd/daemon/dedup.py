@@ -26,6 +26,7 @@ from sharderd.config import Config
 from sharderd.daemon.intake import ClaimedJob
 from sharderd.daemon.outbox import TMP_PREFIX, find_published, publish, tmp_dir_for
 from sharderd.daemon.sidecar import JobOptions
+from sharderd.filenames import raw_bytes
 from sharderd.report.duplicate import duplicate_report, write_duplicate
 
 __all__ = ["content_key", "effective_options", "exclusive", "publish_pointer"]
@@ -57,7 +58,7 @@ async def content_key(job: ClaimedJob, options: Mapping[str, Any]) -> str:
     digest = hashlib.sha256(b"sharderd-content/1\n")
     digest.update(json.dumps(options, sort_keys=True, default=str).encode() + b"\n")
     for rel, path in _content_files(job):
-        digest.update(f"{rel}\0".encode())
+        digest.update(raw_bytes(rel) + b"\0")  # a name's own bytes, UTF-8 or not
         with open(path, "rb") as f:
             while chunk := f.read(_CHUNK):
                 digest.update(chunk)

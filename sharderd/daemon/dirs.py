@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sharderd.config import DaemonConfig
 from sharderd.errors import ConfigError
+from sharderd.fsutil import make_dirs
 
 __all__ = ["DaemonDirs", "check_layout", "check_same_filesystem", "prepare_dirs", "runtime_dir"]
 
@@ -109,7 +110,7 @@ def check_layout(dirs: DaemonConfig) -> None:
 
 def _ensure_dir(path: Path, mode: int, label: str) -> None:
     try:
-        path.mkdir(mode=mode, parents=True, exist_ok=True)
+        make_dirs(path, mode)  # each new folder fsynced in its parent: a power cut keeps it
     except FileExistsError:
         raise ConfigError(f"{label} {path} exists and is not a directory") from None
     except OSError as exc:

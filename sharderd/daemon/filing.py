@@ -25,13 +25,23 @@ from sharderd.daemon.dedup import publish_pointer
 from sharderd.daemon.dirs import DaemonDirs
 from sharderd.daemon.intake import ClaimedJob
 from sharderd.daemon.journal import IndexEntry, JobRecord, JobState, Journal
-from sharderd.daemon.outbox import TMP_PREFIX, fail_job, publish, rename_unique
+from sharderd.daemon.outbox import TMP_PREFIX, fail_job, publish, relocated, rename_unique
 from sharderd.daemon.status import JobProgress, StatusBoard
 from sharderd.errors import JobCancelledError, SharderdError
+from sharderd.filenames import raw_bytes, text
+from sharderd.fsutil import copy_synced, fsync_dir
 from sharderd.job.run import JobResult, write_report
 from sharderd.logs import get_logger
 
-__all__ = ["REPORTS", "WORK_DIR", "JobContext", "JobFiling", "cancel_claimed", "fail_claimed"]
+__all__ = [
+    "REPORTS",
+    "WORK_DIR",
+    "JobContext",
+    "JobFiling",
+    "cancel_claimed",
+    "fail_claimed",
+    "job_facts",
+]
 
 WORK_DIR: Final = ".work"
 """Attempt files inside ``processing/<job_id>/``; a dotfile so no job name can collide with it."""
@@ -54,6 +64,18 @@ class JobContext:
     """Environment of planning workers and attempts (``childenv.child_env()``)."""
     inflight: dict[str, anyio.Event] = field(default_factory=dict)
     """Content keys being computed now: a second job with the same key waits, then is a duplicate."""
+
+
+def job_facts(job: ClaimedJob) -> dict[str, Any]:
+    """report.json's ``job``: the job id, its name (``safe_name``) and the inbox entry it came
+    from, as text and as its exact bytes (hex)."""
+    return {"id": job.job_id, "name": job.name, **entry_facts(job)}
+
+
+def entry_facts(job: ClaimedJob) -> dict[str, str]:
+    """The inbox entry's name as text (``%XX`` for bytes that are not UTF-8) and exactly (hex)."""
+    entry = job.entry.name if job.entry != job.job_dir else job.name
+    return {"entry": text(entry), "entry_hex": raw_bytes(entry).hex()}
 
 
 def fail_claimed(job: ClaimedJob, ctx: JobContext, error: SharderdError) -> JobState:
@@ -92,10 +114,11 @@ class JobFiling:
         self.progress.attempts_running = 0
         shutil.rmtree(self.work_root, ignore_errors=True)
         published = publish(self.out, self.ctx.dirs.outbox, self.job.name, **self._modes())
+        # the index first: a terminal record is never ahead of it, whenever the daemon stops
+        self.ctx.journal.remember(key, published, self.job.job_id)
         self.record = self.ctx.journal.record(
             replace(self.record, state="succeeded", result=str(published))
         )
-        self.ctx.journal.remember(key, published, self.job.job_id)
         self.ctx.board.record_result(result.status)
         _log.info(
             "job.succeeded",
@@ -121,7 +144,7 @@ class JobFiling:
             result=original.result,
             outbox=str(pointer),
         )
-        self.retire_input(pointer)
+        self.retire_input(pointer, duplicate=True)
         return "duplicate"
 
     def publish_pointer(self, original_job_id: str, original: Path) -> Path:
@@ -147,7 +170,7 @@ class JobFiling:
             "job.failed",
             name=self.job.name,
             reason=info.get("reason"),
-            message=info.get("message"),
+            message=relocated(info.get("message"), self.job.job_dir, failed),
             failed=str(failed),
             duration_s=self._duration(),
             exc_info=exc_info,
@@ -179,6 +202,7 @@ class JobFiling:
         # first: a partial result may be what filled the disk
         shutil.rmtree(self.work_root, ignore_errors=True)
         shutil.rmtree(self.out, ignore_errors=True)
+        info = {**entry_facts(self.job), **info}
         self.record = self.ctx.journal.record(replace(self.record, state=state, error=info))
         daemon = self.ctx.config.daemon
         if report is not None:
@@ -198,18 +222,26 @@ class JobFiling:
         self.record = self.ctx.journal.record(replace(self.record, result=str(failed)))
         return failed
 
-    def retire_input(self, result: Path | None = None) -> None:
+    def retire_input(self, result: Path | None = None, *, duplicate: bool = False) -> None:
         """The input leaves ``processing/``: to ``done/<name>`` (``keep_input``), beside a copy of
-        the result's reports, or deleted."""
+        the result's reports, or deleted. A duplicate's input is deleted either way: its bytes are
+        the original's, kept in the original's ``done/`` folder; its ``done/<name>`` holds the
+        reports that say so. The copies are written with ``file_mode`` and fsynced, and so is the
+        folder, before it moves: no cut leaves an empty report in ``done/``."""
+        job = self.job
         shutil.rmtree(self.work_root, ignore_errors=True)
+        if duplicate and job.entry != job.job_dir:
+            _remove(job.entry)
         if self.ctx.config.daemon.keep_input:
+            mode = self.ctx.config.daemon.file_mode
             for report in () if result is None else (result / name for name in REPORTS):
                 with contextlib.suppress(FileNotFoundError):  # an older result may lack report.html
-                    shutil.copyfile(report, self.job.job_dir / report.name)
-            rename_unique(self.job.job_dir, self.ctx.dirs.done, self.job.name)
+                    copy_synced(report, job.job_dir / report.name, mode=mode)
+            fsync_dir(job.job_dir)
+            rename_unique(job.job_dir, self.ctx.dirs.done, job.name)
         else:
-            shutil.rmtree(self.job.job_dir)
-        self.ctx.pool.forget(self.job.job_id)
+            shutil.rmtree(job.job_dir)
+        self.ctx.pool.forget(job.job_id)
 
     def interrupted(self) -> None:
         """Cancelled by shutdown: drop the partial result, give back this run's count, keep the job."""
@@ -228,3 +260,10 @@ class JobFiling:
 
     def _duration(self) -> float:
         return round(time.monotonic() - self.started, 3)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

@@ -17,12 +17,12 @@ claimed: ``<name>.onnx`` (file form) and suffix-less names (folder form); other 
 Completeness. A file written in place is complete once its stat signature (size, mtime, ctime,
 inode of every file) has not changed for ``settle_seconds``. A file (or folder) renamed in is
 complete at once: the rename is the writer's "done". Which entries were renamed in is the kernel's
-word, not a guess: inotify's ``IN_MOVED_TO`` (``sharderd.daemon.renames``), raised for a rename from
+word, not a guess: inotify's ``IN_MOVED_TO`` (``sharderd.daemon.inotify``), raised for a rename from
 a staging name in the inbox (``.x.onnx.part`` → ``x.onnx``) and for one from elsewhere on the
-filesystem alike, and never for a file created in place. (watchfiles reports both as ``added``, and
-timestamps cannot tell either: a rename in the same clock tick as the last write leaves ctime ==
-mtime.) Such an entry is complete once its signature is the same on two looks ``confirm_seconds``
-apart, which catches a writer still writing into a file it renamed in early.
+filesystem alike, and never for a file created in place. (Timestamps cannot tell: a rename in the
+same clock tick as the last write leaves ctime == mtime.) Such an entry is complete once its
+signature is the same on two looks ``confirm_seconds`` apart, which catches a writer still writing
+into a file it renamed in early.
 
 Claiming is ``os.rename`` into ``processing/<job_id>/``: atomic, so of two daemons sharing an inbox
 exactly one succeeds and the other sees the path gone. The settle window is the contract: a writer
@@ -36,13 +36,12 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, final
 
-from watchfiles import Change, DefaultFilter
-
+from sharderd.filenames import safe_name
 from sharderd.fsutil import fsync_dir
 
 __all__ = [
@@ -50,7 +49,6 @@ __all__ = [
     "Candidate",
     "ClaimedJob",
     "FileStat",
-    "InboxFilter",
     "Settler",
     "claim",
     "inspect_entry",
@@ -62,8 +60,7 @@ __all__ = [
 DIR_SIDECAR: Final = "sharderd.toml"
 """Sidecar name inside a folder job."""
 
-_STAGING: Final = (r"^\.", r"\.part$", r"\.tmp$", r"~$")
-_STAGING_RE: Final = re.compile("|".join(_STAGING))
+_STAGING_RE: Final = re.compile(r"^\.|\.part$|\.tmp$|~$")
 _MODEL_RE: Final = re.compile(r"\.onnx$", re.IGNORECASE)
 
 Kind = Literal["file", "dir"]
@@ -72,33 +69,6 @@ Kind = Literal["file", "dir"]
 def is_staging_name(name: str) -> bool:
     """Dotfiles, ``*.part``, ``*.tmp``, ``*~``: names writers use before the final rename."""
     return _STAGING_RE.search(name) is not None
-
-
-@final
-class InboxFilter(DefaultFilter):
-    """watchfiles filter that drops staging names at any depth below the inbox.
-
-    ``DefaultFilter`` tests only the last path component; a file inside ``inbox/.staging/`` must go
-    too, so with ``inbox`` given every component below it is tested.
-    """
-
-    __slots__ = ("_inbox",)
-    ignore_entity_patterns: Sequence[str] = (*DefaultFilter.ignore_entity_patterns, *_STAGING)
-
-    def __init__(self, inbox: Path | str | None = None) -> None:
-        super().__init__()
-        self._inbox = None if inbox is None else Path(inbox).absolute()
-
-    def __call__(self, change: Change, path: str) -> bool:
-        if not super().__call__(change, path):
-            return False
-        if self._inbox is None:
-            return True
-        try:
-            parts = Path(path).relative_to(self._inbox).parts
-        except ValueError:
-            return True  # outside the inbox: not ours to judge
-        return not any(r.search(part) for part in parts for r in self._ignore_entity_regexes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +92,8 @@ class Candidate:
     """An inbox entry that is (or claims to be) a job, at one look."""
 
     name: str
-    """Job name: the file name without ``.onnx``, or the folder name."""
+    """Job name: the file name without ``.onnx``, or the folder name, as ``filenames.safe_name``
+    (printable UTF-8, bounded); the outbox folder is named by it, the log and status show it."""
     path: Path
     """``inbox/<name>.onnx`` or ``inbox/<name>``: what ``claim`` renames."""
     kind: Kind
@@ -133,6 +104,12 @@ class Candidate:
     """The entry first, then its sidecar or (folder) every entry below it, sorted."""
     problem: str | None = None
     """Why this can never be a valid job; such a candidate is claimed and failed, never run."""
+
+    @property
+    def raw_name(self) -> str:
+        """The job name as the filesystem has it (any bytes): ``name`` before ``safe_name``."""
+        entry = self.path.name
+        return _MODEL_RE.sub("", entry) if self.kind == "file" else entry
 
 
 def scan_inbox(inbox: Path) -> list[Candidate]:
@@ -158,7 +135,7 @@ def inspect_entry(inbox: Path, entry: str) -> Candidate | None:
         return None  # changing under our feet: the next look decides
     except PermissionError as exc:  # unreadable folder: a bad job, not a reason to stop scanning
         return Candidate(
-            entry,
+            safe_name(entry),
             inbox / entry,
             "dir",
             None,
@@ -173,7 +150,7 @@ def _inspect_file(inbox: Path, entry: str, st: os.stat_result) -> Candidate | No
     is_model = _MODEL_RE.search(entry) is not None
     if stat.S_ISLNK(st.st_mode) and not is_model and not Path(entry).suffix:
         return Candidate(
-            entry,
+            safe_name(entry),
             path,
             "dir",
             None,
@@ -196,7 +173,13 @@ def _inspect_file(inbox: Path, entry: str, st: os.stat_result) -> Candidate | No
         signature.append(FileStat.of(sidecar.name, side))
         problem = problem or _not_regular(sidecar.name, side, "the sidecar")
     return Candidate(
-        name, path, "file", None if problem else path, sidecar_path, tuple(signature), problem
+        safe_name(name),
+        path,
+        "file",
+        None if problem else path,
+        sidecar_path,
+        tuple(signature),
+        problem,
     )
 
 
@@ -235,7 +218,7 @@ def _inspect_dir(inbox: Path, entry: str, st: os.stat_result) -> Candidate | Non
         )
     problem = "; ".join(p for p in problems if p) or None
     model = None if problem else path / models[0]
-    return Candidate(entry, path, "dir", model, sidecar, tuple(signature), problem)
+    return Candidate(safe_name(entry), path, "dir", model, sidecar, tuple(signature), problem)
 
 
 def _walk(path: Path, rel: str) -> Iterable[tuple[str, os.stat_result]]:
@@ -357,6 +340,9 @@ def claim(
     """
     job_dir = processing_dir / job_id
     job_dir.mkdir(mode=dir_mode)
+    # its entry durable before the model moves in: else a power cut that keeps the inbox's loss
+    # of the model (fsynced below) could lose the folder holding it
+    fsync_dir(processing_dir)
     entry = job_dir / candidate.path.name
     try:
         candidate.path.rename(entry)

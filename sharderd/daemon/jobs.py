@@ -27,7 +27,7 @@ import structlog
 from sharderd.cluster.errors import AttemptLostError
 from sharderd.config import search_options
 from sharderd.daemon.dedup import content_key, effective_options, exclusive
-from sharderd.daemon.filing import JobContext, JobFiling
+from sharderd.daemon.filing import JobContext, JobFiling, job_facts
 from sharderd.daemon.intake import ClaimedJob
 from sharderd.daemon.journal import JobState
 from sharderd.daemon.outbox import tmp_dir_for
@@ -43,6 +43,7 @@ from sharderd.errors import (
     WorkerDiedError,
     sole_exception,
 )
+from sharderd.filenames import safe_name
 from sharderd.job.run import JobFailed, JobResult, JobSpec, shard_job
 from sharderd.logs import get_logger
 from sharderd.target import BUILTIN_TARGETS
@@ -146,7 +147,7 @@ class JobRun:
         spec = JobSpec(
             model=job.model,
             out_dir=files.out,
-            stem=job.model.name.removesuffix(".onnx"),
+            stem=safe_name(job.model.name.removesuffix(".onnx")),
             devices=options.devices,
             config=config,
             search=search,
@@ -155,6 +156,7 @@ class JobRun:
             priority=options.priority,
             isolate_planning=True,
             auto_devices=options.auto_devices,
+            report_extra={"job": job_facts(job)},
         )
         files.journal(state="planning")
         while True:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, final, get_args
 
 from sharderd.daemon.outbox import TMP_PREFIX, find_published
+from sharderd.filenames import safe_name, text_values
 from sharderd.fsutil import atomic_write, fsync_dir, write_temp
 from sharderd.isotime import iso_time
 
@@ -78,11 +79,24 @@ class JobRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobRecord:
+        """The record ``asdict`` wrote; ``ValueError`` (or ``TypeError``) for anything else, so a
+        damaged record is refused here, not by whatever reads a field later."""
         known = {f.name for f in fields(cls)}
         record = cls(**{k: v for k, v in data.items() if k in known})
-        if record.state not in _STATES or not isinstance(record.attempts, int):
+        if (
+            record.state not in _STATES
+            or not all(isinstance(v, str) for v in (record.job_id, record.name))
+            or not all(_is_int(v) for v in (record.attempts, record.priority))
+            or not (record.max_attempts is None or _is_int(record.max_attempts))
+            or not all(v is None or isinstance(v, str) for v in (record.sha256, record.result))
+            or not (record.error is None or isinstance(record.error, Mapping))
+        ):
             raise ValueError(f"bad job record {data!r}")
         return record
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +120,7 @@ class Journal:
         self.now = now
 
     def load_all(
-        self, *, on_corrupt: Callable[[Path, str], None] | None = None
+        self, *, on_corrupt: Callable[[Path, str], object] | None = None
     ) -> dict[str, JobRecord]:
         """Every record by job id, oldest id first. Temp files are removed; unreadable records skipped."""
         self.journal_dir.mkdir(parents=True, exist_ok=True)
@@ -137,7 +151,8 @@ class Journal:
         stamp = iso_time(self.now())
         job = replace(job, created=job.created or stamp, updated=stamp)
         self.journal_dir.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(asdict(job), indent=1, sort_keys=True, default=str)
+        # text_values: an error message may name a path that is not UTF-8 (as %XX in the file)
+        text = json.dumps(text_values(asdict(job)), indent=1, sort_keys=True, default=str)
         atomic_write(self._path(job.job_id), text, mode=_MODE)
         return job
 
@@ -148,9 +163,28 @@ class Journal:
             raise KeyError(job_id)
         return self.record(replace(job, attempts=job.attempts + 1))
 
+    def set_aside(self, job_id: str) -> Path | None:
+        """Rename an unreadable record to ``<job_id>.json.unreadable`` (kept for a look, never read
+        again); the path it got, or None when there was none."""
+        path = self._path(job_id)
+        aside = path.with_name(f"{path.name}.unreadable")
+        try:
+            path.rename(aside)
+        except FileNotFoundError:
+            return None
+        fsync_dir(self.journal_dir)
+        return aside
+
     def remove(self, job_id: str) -> None:
         self._path(job_id).unlink(missing_ok=True)
         fsync_dir(self.journal_dir)
+
+    def indexed(self, sha256: str) -> bool:
+        """Whether the index has an entry for ``sha256`` (a bad key has none)."""
+        try:
+            return self._index_path(sha256).exists()
+        except ValueError:
+            return False
 
     def lookup(self, sha256: str) -> IndexEntry | None:
         """The first result for this content, if it still exists."""
@@ -206,9 +240,12 @@ class RecoveredJob:
     name: str
     job_dir: Path
     record: JobRecord | None
-    """None when the daemon died between the claim and the first journal write."""
+    """None when the daemon died between the claim and the first journal write (or the record
+    is unreadable: ``problem``)."""
     result: Path | None = None
     """Its published result, when the daemon died after publishing but before recording it."""
+    problem: str | None = None
+    """Why nothing can tell what became of it (its journal record is unreadable)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,49 +262,93 @@ class RecoveryReport:
     """Non-terminal records whose ``processing/`` folder is gone; nothing can run, mark them."""
     removed: tuple[Path, ...] = ()
     """Swept: ``outbox/.tmp-*`` and ``index/.*.tmp`` leftovers and empty claim folders."""
+    unreadable: tuple[RecoveredJob, ...] = ()
+    """Unpublished jobs whose journal record is unreadable (torn, damaged): what they did is
+    unknown, so they are filed under ``failed/`` rather than run again (``problem`` says why)."""
+    unindexed: tuple[JobRecord, ...] = ()
+    """``succeeded`` records of jobs no longer in ``processing/`` whose content is missing from the
+    index (a daemon before this one wrote it after the record): remembered again."""
+    errors: tuple[str, ...] = ()
+    """What did not stop the start but is wrong: leftovers that could not be removed (tried again
+    at the next start), unreadable records of jobs no longer in ``processing/``."""
 
 
 def recover(
     state_dir: Path, outbox: Path, *, max_attempts: int = 8, journal: Journal | None = None
 ) -> RecoveryReport:
-    """Sort out ``processing/`` after an unclean stop; run it before the first claim."""
+    """Sort out ``processing/`` after an unclean stop; run it before the first claim.
+
+    Nothing here stops a start: an unreadable record makes its job ``unreadable``, a leftover that
+    cannot be removed is one of ``errors``. Only an unreadable ``processing/`` itself raises."""
     journal = journal or Journal(state_dir)
-    records = journal.load_all()
-    removed = [_remove(p) for p in sorted(outbox.glob(f"{TMP_PREFIX}*"))]
-    removed += [
-        _remove(p) for p in sorted(journal.index_dir.glob(".*.tmp"))
-    ]  # a ``remember`` cut short
+    corrupt: dict[str, str] = {}
+    records = journal.load_all(on_corrupt=lambda path, why: corrupt.setdefault(path.stem, why))
+    removed: list[Path] = []
+    errors: list[str] = []
+    leftovers = [*outbox.glob(f"{TMP_PREFIX}*"), *journal.index_dir.glob(".*.tmp")]
     processing = state_dir / "processing"
-    resume, to_fail, finish = [], [], []
+    resume, to_fail, finish, unreadable = [], [], [], []
     seen: set[str] = set()
     for job_dir in sorted(processing.iterdir()) if processing.is_dir() else ():
         if not job_dir.is_dir() or job_dir.is_symlink():
             continue
         if not any(job_dir.iterdir()):
-            removed.append(_remove(job_dir))
+            leftovers.append(job_dir)
             continue
         seen.add(job_dir.name)
         record = records.get(job_dir.name)
-        name = record.name if record is not None else _guess_name(job_dir)
+        name = safe_name(record.name if record is not None else _guess_name(job_dir))
         result = (
             None
             if record is not None and record.terminal
             else find_published(outbox, name, job_dir.name)
         )
-        job = RecoveredJob(job_dir.name, name, job_dir, record, result)
+        problem = corrupt.get(job_dir.name) if record is None else None
+        if problem is not None:
+            problem = f"its journal record ({journal.journal_dir / job_dir.name}.json) is unreadable: {problem}"
+        job = RecoveredJob(job_dir.name, name, job_dir, record, result, problem)
         limit = (record.max_attempts if record and record.max_attempts else None) or max_attempts
         if result is not None or (record is not None and record.terminal):
             finish.append(job)
+        elif problem is not None:
+            unreadable.append(job)
         elif record is not None and record.attempts >= limit:
             to_fail.append(job)
         else:
             resume.append(job)
+    for path in sorted(leftovers):  # ``.tmp-*`` results, ``remember``s cut short, empty claims
+        try:
+            removed.append(_remove(path))
+        except OSError as exc:
+            errors.append(f"cannot remove {path}: {exc.strerror or exc}")
     stale = tuple(
         r
         for r in records.values()
         if not r.terminal and r.state != "detected" and r.job_id not in seen
     )
-    return RecoveryReport(tuple(resume), tuple(to_fail), tuple(finish), stale, tuple(removed))
+    unindexed = tuple(
+        r
+        for r in records.values()
+        if r.state == "succeeded"
+        and r.sha256
+        and r.job_id not in seen
+        and not journal.indexed(r.sha256)
+    )
+    errors += [
+        f"journal record {job_id}.json is unreadable ({why}); no job of it is left in processing/"
+        for job_id, why in sorted(corrupt.items())
+        if job_id not in seen
+    ]
+    return RecoveryReport(
+        tuple(resume),
+        tuple(to_fail),
+        tuple(finish),
+        stale,
+        tuple(removed),
+        tuple(unreadable),
+        unindexed,
+        tuple(errors),
+    )
 
 
 def _remove(path: Path) -> Path:

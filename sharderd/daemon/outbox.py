@@ -16,7 +16,6 @@ import errno
 import json
 import os
 import re
-import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sharderd.errors import SharderdError
+from sharderd.filenames import shell_word, text, text_values
 from sharderd.fsutil import fsync_dir
 from sharderd.isotime import iso_time
 
@@ -33,6 +33,7 @@ __all__ = [
     "fail_job",
     "find_published",
     "publish",
+    "relocated",
     "rename_unique",
     "tmp_dir_for",
 ]
@@ -149,7 +150,7 @@ class _FailureFiles:
     mode: int
 
     def write(self, folder: Path, dest: Path) -> None:
-        info = _relocated(self.info, self.source, dest)
+        info = text_values(relocated(self.info, self.source, dest))
         model = None if self.model is None else dest / self.model.relative_to(self.source)
         _write_synced(
             folder / "error.json",
@@ -163,14 +164,14 @@ class _FailureFiles:
         )
 
 
-def _relocated(value: Any, source: Path, dest: Path) -> Any:
+def relocated(value: Any, source: Path, dest: Path) -> Any:
     """``value`` with every mention of the ``processing/<job_id>`` folder pointing at ``dest``."""
     if isinstance(value, str):
         return value.replace(str(source), str(dest))
     if isinstance(value, Mapping):
-        return {k: _relocated(v, source, dest) for k, v in value.items()}
+        return {k: relocated(v, source, dest) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_relocated(v, source, dest) for v in value]
+        return [relocated(v, source, dest) for v in value]
     return value
 
 
@@ -183,8 +184,19 @@ def _first_free(parent: Path, name: str) -> Path:
     return parent / name
 
 
-def _command(*words: str | Path | None) -> str:
-    return "`" + " ".join(shlex.quote(str(w)) for w in words if w is not None) + "`"
+def _command(
+    command: tuple[str, ...],
+    operands: tuple[str | Path, ...],
+    options: tuple[str | Path | None, ...],
+) -> str:
+    """A command bash runs as written: each word quoted (``filenames.shell_word``: any bytes);
+    ``command operands options``, or, when an operand starts with ``-`` (a name, never an option),
+    ``command options -- operands``."""
+    if any(str(o).startswith("-") for o in operands):
+        words = (*command, *options, "--", *operands)
+    else:
+        words = (*command, *operands, *options)
+    return "`" + " ".join(shell_word(str(w)) for w in words if w is not None) + "`"
 
 
 def _error_md(
@@ -205,7 +217,7 @@ def _error_md(
         )
     if not info["hint"] and info["reason"] in _REPRODUCIBLE and model is not None:
         advice = (
-            f"See the same check again with {_command('sharderd', 'plan', model, '--devices', '1', *config)}; "
+            f"See the same check again with {_command(('sharderd', 'plan'), (model,), ('--devices', '1', *config))}; "
             f"fix or re-export the model. {advice}"
         )
     lines = [
@@ -221,17 +233,17 @@ def _error_md(
         f"- exit code: {info['exit_code']}",
     ]
     for key in sorted(k for k in info if k not in core):
-        text = str(info[key])
-        if "\n" in text or len(text) > 200:
-            lines += ["", f"{key} (last 4000 characters):", "", "```", text[-4000:], "```"]
+        value = str(info[key])
+        if "\n" in value or len(value) > 200:
+            lines += ["", f"{key} (last 4000 characters):", "", "```", value[-4000:], "```"]
         else:
-            lines.append(f"- {key}: {text}")
+            lines.append(f"- {key}: {value}")
     reports = [n for n in held if n.startswith("report.")]
-    inputs = [n for n in held if not n.startswith("report.")]
+    inputs = [text(n) for n in held if not n.startswith("report.")]
     listing = ", ".join(f"`{n}`" for n in inputs) or "nothing of the input"
     lines += [
         "",
-        f"This folder, `{dest}`, holds the input as it was claimed ({listing}), `error.json` and this file"
+        f"This folder, `{text(str(dest))}`, holds the input as it was claimed ({listing}), `error.json` and this file"
         + (
             f", and the reports of the run ({', '.join(f'`{n}`' for n in reports)})."
             if reports
@@ -241,7 +253,7 @@ def _error_md(
     lines += [
         "",
         f"To try again, fix the problem, then move the input back into the inbox with "
-        f"{_command('sharderd', 'retry', dest.name, *config)}.",
+        f"{_command(('sharderd', 'retry'), (dest.name,), config)}.",
         "",
     ]
     return "\n".join(lines)

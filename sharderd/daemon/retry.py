@@ -96,7 +96,7 @@ def retry_failed(failed_dir: Path, inbox: Path, name: str) -> RetryResult:
     )
     taken = [
         p.name
-        for p in (inbox / job.path.name, inbox / job.name, inbox / f"{job.name}.toml")
+        for p in (inbox / job.path.name, inbox / job.raw_name, inbox / f"{job.raw_name}.toml")
         if os.path.lexists(p)
     ]
     if taken:

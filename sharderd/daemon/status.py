@@ -31,6 +31,7 @@ from sharderd.backends.pool import AttemptPool
 from sharderd.backends.registry import PROVEN_STATUS
 from sharderd.daemon.journal import TERMINAL_STATES
 from sharderd.daemon.metrics import AttemptStats, DaemonFigures
+from sharderd.filenames import text_values
 from sharderd.fsutil import atomic_write
 from sharderd.isotime import iso_time
 
@@ -255,7 +256,7 @@ class StatusBoard:
 
     def write(self, now: float | None = None) -> Path:
         """Replace ``status.json`` atomically (mode 0644); returns its path."""
-        text = json.dumps(self.snapshot(now), indent=1) + "\n"
+        text = json.dumps(text_values(self.snapshot(now)), indent=1) + "\n"
         atomic_write(self.path, text, mode=0o644, exact_mode=True, durable=False)
         return self.path
 

@@ -1,11 +1,11 @@
 """The inbox watcher: what changed in the inbox, told to the dispatcher as fast as the kernel knows.
 
-inotify through ``watchfiles`` (or our own polling scan, ``watch_mode = "poll"`` and network
-filesystems), plus the kernel's ``IN_MOVED_TO`` renames (``daemon/renames.py``), the fast path of
-``Settler``. The watcher is restarted when the inbox becomes a different folder (recreated), and
-after errors with a backoff from 0.5 s to 30 s; meanwhile the periodic rescan keeps finding jobs.
-It reports readiness once the watch exists, which the watch thread proves by its first look at
-the stop flag: a file dropped after that is seen.
+inotify on the inbox folder, read by sharderd itself (``daemon/inotify.py``: any file name, and the
+renames that make a job complete at once, the fast path of ``Settler``), or our own polling scan
+(``watch_mode = "poll"`` and network filesystems). The watcher is restarted when the inbox becomes
+a different folder (recreated), and after errors with a backoff from 0.5 s to 30 s; meanwhile the
+periodic rescan keeps finding jobs. It reports readiness once the kernel's watch exists: a file
+dropped after that is seen.
 """
 
 from __future__ import annotations
@@ -14,29 +14,23 @@ import contextlib
 import os
 import re
 import stat
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Final, NoReturn, final
 
 import anyio
 import anyio.abc
-import anyio.from_thread
-from watchfiles import Change, awatch
 
 from sharderd.config import DaemonConfig
-from sharderd.daemon.intake import InboxFilter, is_staging_name
-from sharderd.daemon.renames import RenameWatch
-from sharderd.errors import sole_exception
+from sharderd.daemon.inotify import InboxInotify, InotifyBatch
+from sharderd.daemon.intake import is_staging_name
 from sharderd.logs import get_logger
 
 __all__ = ["InboxEvents", "InboxWatcher", "watch_mode"]
 
 _log = get_logger(__name__)
 
-_DEBOUNCE_MS: Final = 500
-_STEP_MS: Final = 50
-_TIMEOUT_MS: Final = 1000
-"""The watch thread returns this often even without changes, bounding any wait for it to stop."""
+_STEP_S: Final = 0.05
+"""Least time between two batches told to the dispatcher."""
 _BACKOFF_S: Final = (0.5, 30.0)
 _NETWORK_FS: Final = frozenset(
     {
@@ -89,34 +83,6 @@ class InboxEvents:
 
 
 @final
-class _WatchStop:
-    """awatch's stop flag. The watch thread polls ``is_set``; its first look sets ``armed`` in the
-    event loop, which proves the watch exists. Only a plain bool crosses the thread boundary."""
-
-    __slots__ = ("_looked", "_set", "armed")
-
-    def __init__(self) -> None:
-        self.armed = anyio.Event()
-        self._set = False
-        self._looked = False
-
-    def is_set(self) -> bool:
-        """Called in awatch's worker thread."""
-        if not self._looked:
-            self._looked = True
-            with contextlib.suppress(RuntimeError):  # the event loop is already gone: nobody waits
-                anyio.from_thread.run_sync(self.armed.set)
-        return self._set
-
-    @property
-    def stopped(self) -> bool:
-        return self._set
-
-    def set(self) -> None:
-        self._set = True
-
-
-@final
 class InboxWatcher:
     """Keeps a watch on the inbox; ``run`` is a task of the intake group (``tg.start``)."""
 
@@ -128,20 +94,23 @@ class InboxWatcher:
         self.events = events
         self.mode = mode
         """How it watches, for the log (``watch_mode``)."""
-        self._force_polling = force_polling
+        self._force_polling = bool(force_polling)
         self.lost = False
-        """A watch event on the inbox itself, or a failed scan: the next check restarts the watch."""
-        self._stop = _WatchStop()
+        """The watch ended (the inbox went), or a scan failed: the next check restarts the watch."""
+        self._scope = anyio.CancelScope()
         self._inbox_id: tuple[int, int] | None = None
 
     def stop(self) -> None:
         """End the current watch; ``run`` starts a new one (or is being cancelled)."""
-        self._stop.set()
+        self._scope.cancel()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> NoReturn:
-        """Watch, restarted on request (a recreated inbox) or after errors; started once watching."""
+        """Watch, restarted on request (a recreated inbox) or after errors; started once watching.
+
+        The kernel's watch exists when ``InboxInotify.open`` returns, so a file dropped after
+        ``started()`` raises an event."""
         with contextlib.suppress(OSError):  # gone already: the first rescan recreates it
             self._inbox_id = _dir_id(self.inbox)
         announced = False
@@ -149,24 +118,27 @@ class InboxWatcher:
         backoff = _BACKOFF_S[0]
         restarts = 0
         while True:
-            stop = self._stop = _WatchStop()
+            self._scope = scope = anyio.CancelScope()
             try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._consume, stop, polling)
-                    await stop.armed.wait()
-                    mode = "poll" if polling else "inotify"
-                    if restarts:
-                        _log.info(
-                            "watch.restarted", inbox=str(self.inbox), mode=mode, restarts=restarts
-                        )
+                watch = None if polling else InboxInotify.open(self.inbox)
+                mode = "poll" if watch is None else "inotify"
+                if restarts:
+                    _log.info(
+                        "watch.restarted", inbox=str(self.inbox), mode=mode, restarts=restarts
+                    )
+                else:
+                    _log.info("watch.started", inbox=str(self.inbox), mode=mode)
+                if not announced:
+                    announced = True
+                    task_status.started()
+                backoff = _BACKOFF_S[0]
+                with scope:
+                    if watch is None:
+                        await self._poll()
                     else:
-                        _log.info("watch.started", inbox=str(self.inbox), mode=mode)
-                    if not announced:
-                        announced = True
-                        task_status.started()
-                    backoff = _BACKOFF_S[0]
-            except Exception as exc:
-                error = sole_exception(exc)
+                        with watch:
+                            await self._consume(watch)
+            except Exception as error:  # OSError mostly; a bug must cost the watch, not the daemon
                 limit = _is_watch_limit(error)
                 _log.error(
                     "watch.failed",
@@ -192,8 +164,8 @@ class InboxWatcher:
     def check_inbox(self) -> None:
         """Recreate a deleted inbox; restart the watcher when the inbox is a different folder now.
 
-        The inode alone cannot tell: a folder recreated at once often gets the old inode back. So a
-        watch event on the inbox itself, or a failed scan, also marks the watch as lost.
+        The inode alone cannot tell: a folder recreated at once often gets the old inode back. So the
+        end of the watch (the inbox deleted or moved), or a failed scan, also marks it as lost.
         """
         try:
             if not self.inbox.is_dir():
@@ -208,74 +180,38 @@ class InboxWatcher:
         if current != self._inbox_id or self.lost:
             self._inbox_id = current
             self.lost = False
-            self._stop.set()  # the watcher loop starts a new one and logs watch.restarted
+            self.stop()  # the watcher loop starts a new one and logs watch.restarted
 
-    async def _consume(self, stop: _WatchStop, polling: bool | None) -> None:
-        """Watch the inbox itself, not below it: a recursive watch (and watchfiles' poller at any
-        depth) follows a symlinked folder in the inbox and walks what it names (``/etc``, ``/``).
-        Polling is our own full scan, which only ``lstat``s; a folder job filled in place is seen by
-        its settle looks or the rescan."""
-        if polling:
-            stop.armed.set()
-            while not stop.stopped:
-                await anyio.sleep(self.daemon.poll_interval)
-                self.events.request_scan()
-            return
-        try:
-            renames = RenameWatch.open(self.inbox)
-        except OSError as exc:  # inotify limits: only the fast path is lost, renamed-in jobs settle
-            renames = None
-            _log.warning(
-                "watch.renames_unavailable",
-                inbox=str(self.inbox),
-                error=str(exc),
-                message="jobs renamed in wait settle_seconds like jobs written in place",
-            )
-        try:
-            async with anyio.create_task_group() as tg:
-                if renames is not None:
-                    tg.start_soon(self._renames, renames)
-                async for changes in awatch(
-                    self.inbox,
-                    watch_filter=InboxFilter(self.inbox),
-                    debounce=_DEBOUNCE_MS,
-                    step=_STEP_MS,
-                    stop_event=stop,
-                    rust_timeout=_TIMEOUT_MS,
-                    force_polling=polling,
-                    poll_delay_ms=int(self.daemon.poll_interval * 1000),
-                    recursive=False,
-                    ignore_permission_denied=True,
-                ):
-                    self._on_changes(changes)
-                tg.cancel_scope.cancel()
-        finally:
-            if renames is not None:
-                renames.close()
+    async def _poll(self) -> NoReturn:
+        """Our own full scan every ``poll_interval`` (network filesystems): it only ``lstat``s, so a
+        folder job filled in place is seen by its settle looks or the rescan."""
+        while True:
+            await anyio.sleep(self.daemon.poll_interval)
+            self.events.request_scan()
 
-    async def _renames(self, watch: RenameWatch) -> None:
-        """Feed the renames the kernel reports to the dispatcher (the fast path of ``Settler``)."""
-        while (batch := await watch.next_batch()) is not None:
-            top = {p for p in batch if not is_staging_name(p.name)}
-            if top:
-                self.events.renamed |= top
-                self.events.dirty |= top
-                self.events.wake()
+    async def _consume(self, watch: InboxInotify) -> NoReturn:
+        """Tell the dispatcher what changed, batch by batch; a batch every ``_STEP_S`` at most, so
+        a file being written in place (an event per write) wakes it 20 times a second, not 10,000."""
+        while True:
+            batch = await watch.next_batch()
+            self._on_batch(batch)
+            if batch.gone:  # nothing more will come: wait for check_inbox to start a new watch
+                await anyio.sleep_forever()
+            await anyio.sleep(_STEP_S)
 
-    def _on_changes(self, changes: Iterable[tuple[Change, str]]) -> None:
-        inbox = self.inbox
-        for _, raw in changes:
-            path = Path(raw)
-            if path == inbox or not path.is_relative_to(inbox):
-                self.events.full_scan = True
-                self.lost = self.lost or path == inbox  # the inbox itself went or came
-                continue
-            self.events.dirty.add(inbox / path.relative_to(inbox).parts[0])
-        self.events.wake()
+    def _on_batch(self, batch: InotifyBatch) -> None:
+        inbox, events = self.inbox, self.events
+        if batch.overflow or batch.gone:
+            events.full_scan = True
+        self.lost = self.lost or batch.gone
+        events.dirty |= {inbox / n for n in batch.changed if not is_staging_name(n)}
+        events.renamed |= {inbox / n for n in batch.moved_in if not is_staging_name(n)}
+        events.wake()
 
 
 def watch_mode(daemon: DaemonConfig) -> tuple[str, bool | None]:
-    """``(description, force_polling)``; ``None`` lets ``WATCHFILES_FORCE_POLLING`` decide."""
+    """``(description, force_polling)``; ``None`` (``auto`` on a local disk): inotify where the
+    system has it."""
     if daemon.watch_mode == "poll":
         return "poll", True
     if daemon.watch_mode == "inotify":

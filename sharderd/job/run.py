@@ -25,6 +25,7 @@ from sharderd.backends.registry import (
 )
 from sharderd.config import Config, SearchOptions
 from sharderd.errors import ModelInvalidError, NoSplitError, NotProvenError, SharderdError
+from sharderd.filenames import text_values
 from sharderd.fsutil import atomic_write
 from sharderd.graph.load import read_structure
 from sharderd.job.attempts import Contradiction
@@ -75,6 +76,8 @@ class JobSpec:
     auto_devices: bool = False
     """``devices = "auto"``: ``devices`` is the most the job may use; it runs on the fewest whose
     predicted throughput is within ``plan.fewest.THROUGHPUT_BAND`` of a plan on that many."""
+    report_extra: Mapping[str, Any] | None = None
+    """Top-level keys the caller adds to report.json, failed or not (the daemon's ``job``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,7 @@ class JobFailed(SharderdError):
 def write_report(report: Mapping[str, Any], out_dir: Path) -> None:
     """report.json is the source; report.md and report.html are its renderings for people."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    report = text_values(report)  # a path that is not UTF-8 as %XX: every file stays UTF-8
     as_json, as_md, as_html = (out_dir / name for name in REPORT_FILES)
     atomic_write(as_json, json.dumps(report, indent=1) + "\n")
     atomic_write(as_md, render_markdown(report))
@@ -191,6 +195,7 @@ async def shard_job(
             backend=backend,
             attempts=attempts,
             error=error.to_dict(),
+            extra=spec.report_extra,
         )
 
     try:
@@ -298,7 +303,7 @@ async def shard_job(
         attempts=attempts,
         outputs=outputs,
         timings_s={"load_and_analyze": summary.analyze_s},
-        extra=extra,
+        extra={**(spec.report_extra or {}), **extra},
         contradiction=None
         if contradiction is None
         else {

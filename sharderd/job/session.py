@@ -185,10 +185,7 @@ class PlanService:
                 matmul_serialization=dict(request.matmul_serialization),
             )
         except OSError as exc:
-            raise OutputWriteError(
-                f"cannot write the sharded model to {out}: {exc.strerror or exc}",
-                hint="free space or fix permissions on the output folder, then retry the job",
-            ) from None
+            raise OutputWriteError.of(exc, "the sharded model", out) from None
         return Planned(plan, files)
 
     def probe(self, request: ProbeRequest) -> Probed | None:
@@ -205,10 +202,7 @@ class PlanService:
         try:
             write_node_model(self.analysis, view.runs[0][0], path, serial)
         except OSError as exc:
-            raise OutputWriteError(
-                f"cannot write the probe model to {path}: {exc.strerror or exc}",
-                hint="free space or fix permissions on the output folder, then retry the job",
-            ) from None
+            raise OutputWriteError.of(exc, "the probe model", path) from None
         factor = probe_factor(self.analysis, view.runs[0][0])
         return Probed(name, view.predicted, view, path, factor)
 

@@ -24,6 +24,7 @@ import numpy as np
 from sharderd.config import PlanConfig
 from sharderd.engine import analyze_file, make_plan
 from sharderd.errors import SharderdError
+from sharderd.filenames import safe_name
 from sharderd.graph.analyze import Analysis
 from sharderd.plan.bounds import lower_bound_all_splits, node_work
 from sharderd.plan.ordered_costs import calibrated_compute_s
@@ -189,10 +190,10 @@ def serialize_for_devices(
         copy_external_data(analysis.loaded.external_files, first.parent, work_dir, link=True)
     model = analysis.model
     for n, record in enumerate(kept):
-        data = work_dir / f"{path.stem}.bottleneck{n}.data"
+        data = work_dir / f"{safe_name(path.stem)}.bottleneck{n}.data"
         model, _ = serialize_node(
             model, record.node, record.pieces, base_dir=first.parent, data_path=data
         )
-    out = work_dir / f"{path.stem}.bottleneck.onnx"
+    out = work_dir / f"{safe_name(path.stem)}.bottleneck.onnx"
     write_model(model, out)
     return SerializedModel(out, done.records, analyze_file(out, config), done.trial)

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from sharderd.config import PlanConfig
+from sharderd.filenames import safe_name
 from sharderd.graph.load import load_model
 from sharderd.plan.serialize_choice import choose_pieces
 from sharderd.shard.serialize import (
@@ -43,10 +44,10 @@ def serialize_file(
     copy_external_data(loaded.external_files, path.parent, work_dir, link=True)
     model, done = loaded.model, []
     for n, (name, pieces) in enumerate(chosen.items()):
-        data = work_dir / f"{path.stem}.serialized{n}.data"
+        data = work_dir / f"{safe_name(path.stem)}.serialized{n}.data"
         model, record = serialize_node(model, name, pieces, base_dir=path.parent, data_path=data)
         done.append(record)
-    out = work_dir / f"{path.stem}.serialized.onnx"
+    out = work_dir / f"{safe_name(path.stem)}.serialized.onnx"
     write_model(model, out)
     return out, tuple(done)
 

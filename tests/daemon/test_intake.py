@@ -12,19 +12,18 @@ from pathlib import Path
 
 import anyio
 import pytest
-from watchfiles import Change
 
+from sharderd.daemon.inotify import InboxInotify, InotifyBatch, parse_events
 from sharderd.daemon.intake import (
     Candidate,
     FileStat,
-    InboxFilter,
     Settler,
     claim,
     inspect_entry,
+    is_staging_name,
     new_job_id,
     scan_inbox,
 )
-from sharderd.daemon.renames import RenameWatch, parse_events
 
 ROOT = Path(__file__).resolve().parents[2]
 PAST_NS = 1_600_000_000 * 10**9
@@ -59,32 +58,24 @@ def rename_in(inbox: Path, name: str, data: bytes = b"model bytes") -> Path:
     return final
 
 
-class TestInboxFilter:
+class TestStagingNames:
     @pytest.mark.parametrize(
-        ("rel", "kept"),
+        ("name", "staging"),
         [
-            ("a.onnx", True),
-            ("job/weights.bin", True),
-            ("job/sub/w.bin", True),
-            (".a.onnx.part", False),
-            ("a.onnx.part", False),
-            ("a.onnx.tmp", False),
-            ("a.onnx~", False),
-            (".staging/a.onnx", False),
-            ("job/.w.bin.swp", False),
-            ("", True),
+            ("a.onnx", False),
+            ("job", False),
+            ("-a.onnx", False),
+            (".a.onnx.part", True),
+            ("a.onnx.part", True),
+            ("a.onnx.tmp", True),
+            ("a.onnx~", True),
+            (".staging", True),
         ],
     )
-    def test_staging_names_dropped_at_any_depth(self, inbox: Path, rel: str, kept: bool) -> None:
-        """Staging names are filtered anywhere below the inbox; the inbox itself always passes."""
-        path = str(inbox / rel) if rel else str(inbox)
-        assert InboxFilter(inbox)(Change.added, path) is kept
-
-    def test_patterns_are_class_attributes(self) -> None:
-        """The staging patterns extend watchfiles' defaults as a class attribute."""
-        assert r"\.part$" in InboxFilter.ignore_entity_patterns
-        assert r"\.py[cod]$" in InboxFilter.ignore_entity_patterns
-        assert "InboxFilter(" in repr(InboxFilter())
+    def test_staging_names(self, name: str, staging: bool) -> None:
+        """Dotfiles, ``*.part``, ``*.tmp`` and ``*~`` are a writer's names, never jobs (the watch
+        is on the inbox alone: what is inside a folder job is looked at by its settle looks)."""
+        assert is_staging_name(name) is staging
 
 
 class TestScan:
@@ -261,10 +252,10 @@ class TestSettler:
         """On real files: the renamed one is complete after the confirm look, the appended one is not."""
         clock = Clock()
         settler = Settler(5.0, confirm_seconds=0.125, now=clock)
-        with RenameWatch.open(inbox) as watch:
+        with _watch(inbox) as watch:
             rename_in(inbox, "r.onnx")
             growing = write(inbox / "g.onnx", b"1")
-            renamed = set(anyio.run(watch.next_batch))
+            renamed = {inbox / n for n in _batch(watch).moved_in}
         assert renamed == {inbox / "r.onnx"}
         for c in scan_inbox(inbox):
             assert not settler.observe(c, renamed=c.path in renamed)
@@ -275,8 +266,18 @@ class TestSettler:
         assert done == {"r"}
 
 
-class TestRenameWatch:
-    """``IN_MOVED_TO`` names exactly the entries renamed in, from inside the inbox or outside it."""
+def _watch(inbox: Path) -> InboxInotify:
+    watch = InboxInotify.open(inbox)
+    assert watch is not None, "inotify is available on Linux"
+    return watch
+
+
+def _batch(watch: InboxInotify) -> InotifyBatch:
+    return anyio.run(watch.next_batch)
+
+
+class TestInboxInotify:
+    """Every change of an inbox entry, any name; ``IN_MOVED_TO`` tells exactly the ones renamed in."""
 
     def test_part_pair_and_outside_rename_and_folder_are_renames(
         self, inbox: Path, tmp_path: Path
@@ -285,23 +286,43 @@ class TestRenameWatch:
         and a folder renamed in are all reported, each in the same clock tick as its last write."""
         outside = tmp_path / "staging"
         outside.mkdir()
-        with RenameWatch.open(inbox) as watch:
+        with _watch(inbox) as watch:
             write(inbox / ".a.onnx.part", b"a").rename(inbox / "a.onnx")
             write(outside / "b.onnx", b"b").rename(inbox / "b.onnx")
             write(outside / "c" / "c.onnx", b"c")
             (outside / "c").rename(inbox / "c")
-            seen: set[Path] = set()
+            seen: set[str] = set()
             while len(seen) < 3:
-                seen |= set(anyio.run(watch.next_batch))
-        assert seen == {inbox / "a.onnx", inbox / "b.onnx", inbox / "c"}
+                seen |= _batch(watch).moved_in
+        assert seen == {"a.onnx", "b.onnx", "c"}
 
-    def test_file_written_in_place_is_not_a_rename(self, inbox: Path) -> None:
-        """A file created and written in the inbox raises no ``IN_MOVED_TO``; a later rename does."""
-        with RenameWatch.open(inbox) as watch:
+    def test_file_written_in_place_is_a_change_not_a_rename(self, inbox: Path) -> None:
+        """A file created and written in the inbox is a change without ``IN_MOVED_TO``; a later
+        rename is both."""
+        with _watch(inbox) as watch:
             write(inbox / "in-place.onnx", b"x")
             (inbox / "sub").mkdir()
             write(inbox / "later.onnx.part", b"y").rename(inbox / "later.onnx")
-            assert anyio.run(watch.next_batch) == [inbox / "later.onnx"]
+            batch = _batch(watch)
+        assert batch.moved_in == {"later.onnx"}
+        assert {"in-place.onnx", "sub", "later.onnx.part", "later.onnx"} <= batch.changed
+
+    def test_a_name_that_is_not_utf8_is_reported(self, inbox: Path) -> None:
+        """A latin-1 ``été.onnx`` written in place and one renamed in are reported by their bytes
+        (watchfiles fails its whole batch on such a name: "Unable to decode path")."""
+        raw = os.fsencode(inbox) + b"/\xe9t\xe9"
+        with _watch(inbox) as watch:
+            written = Path(os.fsdecode(raw + b".onnx"))
+            written.write_bytes(b"x")
+            written.rename(os.fsdecode(raw + b"2.onnx"))
+            batch = _batch(watch)
+        assert os.fsencode(inbox / next(iter(batch.moved_in))) == raw + b"2.onnx"
+        assert {os.fsencode(n) for n in batch.changed} >= {b"\xe9t\xe9.onnx", b"\xe9t\xe92.onnx"}
+
+    def test_a_deleted_inbox_ends_the_watch(self, inbox: Path) -> None:
+        with _watch(inbox) as watch:
+            inbox.rmdir()
+            assert _batch(watch).gone
 
     def test_parse_events_reads_names_overflow_and_ignored(self) -> None:
         """The raw ``struct inotify_event`` stream: padded names, overflow and a removed watch."""
@@ -313,7 +334,9 @@ class TestRenameWatch:
         data = (
             event(0x80, b"x.onnx") + event(0x100, b"created.onnx") + event(0x4000) + event(0x8000)
         )
-        assert parse_events(data) == (["x.onnx"], True, True)
+        assert parse_events(data) == InotifyBatch(
+            frozenset({"x.onnx", "created.onnx"}), frozenset({"x.onnx"}), True, True
+        )
 
 
 class TestClaim:

@@ -699,3 +699,16 @@ def test_retry_moves_a_folder_job_back_and_keeps_a_folder_with_unknown_files(roo
         "sharderd.toml",
     ]
     assert sorted(p.name for p in job.iterdir()) == ["notes.txt"]
+
+
+def test_a_cancel_file_names_a_job_as_its_inbox_entry_does(tmp_path: Path) -> None:
+    """``<name>.cancel`` for a model whose name is not UTF-8 (latin-1 ``été``) asks for the job by
+    the name the daemon gives it (``%E9t%E9``), so it matches."""
+    from sharderd.daemon.control import ControlWatch
+
+    inbox, control = tmp_path / "inbox", tmp_path / "control"
+    inbox.mkdir()
+    control.mkdir()
+    (inbox / os.fsdecode(b"\xe9t\xe9.onnx.cancel")).write_text("")
+    [request] = ControlWatch(inbox, control, full_every_s=60).poll()
+    assert request.matches("20250101T000000000Z-00000001", "%E9t%E9")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -148,6 +149,30 @@ class TestFailJob:
         md = (dest / "error.md").read_text()
         assert "**What went wrong.** node 3 has no name" in md
         assert "**What to do.** Pass --name-nodes or name the nodes." in md
+
+    def test_the_plan_command_runs_as_printed_for_a_name_that_is_not_utf8(
+        self, tmp_path: Path
+    ) -> None:
+        """The input is ``-\\xe9.onnx`` (latin-1, a leading dash): error.md and error.json are UTF-8
+        (``%E9`` for the byte), and its ``sharderd plan`` command, run by bash as printed, reads the
+        very file (exit 2 with its own verdict, not "no such file")."""
+        job_dir = tmp_path / "processing" / "J9"
+        job_dir.mkdir(parents=True)
+        model = Path(os.fsdecode(os.fsencode(job_dir) + b"/-\xe9.onnx"))
+        model.write_bytes(b"broken")
+        err = ModelInvalidError(f"{model} is not an ONNX model")
+        dest = fail_job(job_dir, tmp_path / "failed", "-%E9", err, model=model)
+        info = json.loads((dest / "error.json").read_bytes().decode("utf-8"))
+        assert info["message"].endswith("/-%E9.onnx is not an ONNX model")
+        md = (dest / "error.md").read_bytes().decode("utf-8")
+        [plan] = re.findall(r"`(sharderd plan [^`]+)`", md)
+        assert "retry -- -%E9`" in md
+        env = {
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        }
+        ran = subprocess.run(["bash", "-c", plan], capture_output=True, env=env, timeout=120)
+        assert ran.returncode == 2 and b"not an ONNX model" in ran.stderr, ran.stderr
 
     def test_dict_error_with_details_and_collision(self, tmp_path: Path) -> None:
         """A crash report dict keeps its extra fields; a second failure of one name gets a suffix."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -193,10 +194,12 @@ async def test_bad_inputs_land_in_failed_with_a_readable_reason(root: Path) -> N
 
 @pytest.mark.anyio
 async def test_same_content_twice_is_sharded_once(root: Path) -> None:
-    """Two names with the same bytes and options: one result, the other a duplicate pointing at it."""
+    """Two names with the same bytes and options: one result, the other a duplicate pointing at it;
+    ``done/`` keeps the bytes once (the duplicate's folder holds its reports), with ``file_mode``."""
     first = staged(root, "first", seed=7)
     second = root / "models" / "second.onnx"
-    second.write_bytes(first.read_bytes())
+    data = first.read_bytes()
+    second.write_bytes(data)
     async with serving(write_config(root)) as daemon:
         drop(first, root / "inbox")
         drop(second, root / "inbox")
@@ -206,13 +209,23 @@ async def test_same_content_twice_is_sharded_once(root: Path) -> None:
         assert duplicate["original_job_id"] == original["job_id"]
         assert duplicate["result"] == original["result"]
     assert len(results(root / "outbox")) == 1
-    assert sorted(p.name for p in (root / "state" / "done").iterdir()) == ["first", "second"]
-    report = json.loads(
-        (root / "state" / "done" / duplicate["name"] / "report.json").read_text()
-    )  # the pointer's
+    done = root / "state" / "done"
+    assert sorted(p.name for p in done.iterdir()) == ["first", "second"]
+    report = json.loads((done / duplicate["name"] / "report.json").read_text())  # the pointer's
     assert (
         report["status"] == "duplicate" and report["duplicate_of"]["result"] == original["result"]
     )
+    # no second copy of the same bytes: the duplicate's done/ folder holds its reports only
+    assert sorted(p.name for p in (done / duplicate["name"]).iterdir()) == [
+        "report.html",
+        "report.json",
+        "report.md",
+    ]
+    kept = done / original["name"] / f"{original['name']}.onnx"
+    assert kept.read_bytes() == data
+    # done/ keeps the daemon's file_mode (0640 in the tests' config), as the outbox does
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in done.rglob("report.*")}
+    assert modes == {0o640}
 
 
 async def _many_models(root: Path, count: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import anyio
@@ -60,3 +61,27 @@ async def test_polling_asks_for_a_full_scan_every_poll(tmp_path: Path) -> None:
                 assert (await events.wait(float("inf")))[2]
             watcher.stop()
             tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_file_written_in_place_under_any_name_is_reported_not_as_renamed(
+    tmp_path: Path,
+) -> None:
+    """A latin-1 name written in place is dirty (to settle), not renamed; the watch goes on (with
+    watchfiles it stopped: "Unable to decode path")."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    watcher, events = _watcher(inbox, "inotify")
+    path = inbox / os.fsdecode(b"\xe9t\xe9.onnx")
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            path.write_bytes(b"x")
+            dirty, renamed, _ = await events.wait(float("inf"))
+            (inbox / ".b.onnx.part").write_bytes(b"y")
+            (inbox / ".b.onnx.part").rename(inbox / "b.onnx")
+            more, renamed_now, _ = await events.wait(float("inf"))
+            watcher.stop()
+            tg.cancel_scope.cancel()
+    assert path in dirty and path not in renamed
+    assert renamed_now == {inbox / "b.onnx"} and inbox / "b.onnx" in more
