@@ -207,6 +207,10 @@ class DaemonConfig:
     """Seconds between SIGTERM and SIGKILL of an attempt."""
     max_attempts: int = 8
     """Compile attempts per job; also its worker crashes when ``max_worker_crashes`` is unset."""
+    planning_timeout: float = 600.0
+    """Wall seconds a job's planning worker may spend analysing and planning, summed over the job (time waiting for compiles not counted); past it the job fails with reason ``planning_limit``. The 100k-node benchmark model plans in 14 s."""
+    planning_memory_bytes: int = 8 * 1024**3
+    """Resident memory a job's planning worker may hold (read ten times a second); past it the job fails with reason ``planning_limit``. The 100k-node benchmark model plans in 1.2 GiB. 0: no limit."""
     max_worker_crashes: int | None = None
     """Runs of a job whose planning worker (or the daemon itself) died, across restarts, before it goes to ``failed/``; unset: the job's ``max_attempts``."""
     settle_seconds: float = 5.0
@@ -244,6 +248,8 @@ class DaemonConfig:
             "must be >= 1",
         )
         _check(self.attempt_timeout > 0, "daemon.attempt_timeout", "must be > 0")
+        _check(self.planning_timeout > 0, "daemon.planning_timeout", "must be > 0")
+        _check(self.planning_memory_bytes >= 0, "daemon.planning_memory_bytes", "must be >= 0")
         _check(self.settle_seconds >= 0, "daemon.settle_seconds", "must be >= 0")
         _check(self.rescan_interval > 0, "daemon.rescan_interval", "must be > 0")
         _check(self.shutdown_timeout > 0, "daemon.shutdown_timeout", "must be > 0")

@@ -43,6 +43,7 @@ from sharderd.errors import (
     WorkerDiedError,
     sole_exception,
 )
+from sharderd.job.limits import PlanningLimits
 from sharderd.job.run import JobFailed, JobResult, JobSpec, shard_job
 from sharderd.logs import get_logger
 from sharderd.target import BUILTIN_TARGETS
@@ -150,6 +151,11 @@ class JobRun:
             job_id=job.job_id,
             priority=options.priority,
             isolate_planning=True,
+            planning_limits=PlanningLimits(
+                ctx.config.daemon.planning_timeout,
+                ctx.config.daemon.planning_memory_bytes,
+                None if ctx.config.source is None else str(ctx.config.source),
+            ),
         )
         files.journal(state="planning")
         while True:

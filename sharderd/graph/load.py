@@ -18,6 +18,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from sharderd.errors import ModelInvalidError
+from sharderd.graph.nesting import check_nesting
 from sharderd.graph.tensors import all_tensors, tensor_nbytes
 
 __all__ = [
@@ -119,6 +120,7 @@ def parse_model_bytes(data: bytes, where: str) -> onnx.ModelProto:
             f"{where} is not an ONNX model: it parses, but has no graph, IR version or opset imports",
             hint=f"onnx's checker shows the same: {check_command(where)}",
         )
+    check_nesting(model.graph, where)
     _check_text(model.graph, where)
     return model
 

@@ -21,6 +21,7 @@ from sharderd.config import Config, SearchOptions
 from sharderd.errors import NoSplitError, NotProvenError, SharderdError
 from sharderd.fsutil import atomic_write
 from sharderd.job.codec import ModelSummary
+from sharderd.job.limits import PlanningLimits
 from sharderd.job.prove import Emit, Prover, ProveResult
 from sharderd.job.session import (
     LocalSession,
@@ -54,6 +55,8 @@ class JobSpec:
     priority: int = 0
     isolate_planning: bool = False
     """Plan in a child process (the daemon): a huge model never blocks the event loop."""
+    planning_limits: PlanningLimits | None = None
+    """Time and memory the child process may spend (``isolate_planning`` only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,7 @@ async def shard_job(
                 stderr_path=workdir / "planworker.stderr",
                 env=env,
                 serialize=serialize,
+                limits=spec.planning_limits,
             )
         except OSError as exc:
             raise JobFailed(
