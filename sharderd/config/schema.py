@@ -293,6 +293,8 @@ class ClusterConfig:
     """Seconds an attempt may wait for a node that can hold it before its job fails naming the resource."""
     cancel_margin: float = 5.0
     """Seconds after ``kill_grace`` that a soft ``ray.cancel`` may take before the task is force-killed."""
+    head_timeout: float = 60.0
+    """Seconds the daemon waits for a Ray head (GCS) that stopped answering (``cluster.lost`` in the log; jobs wait for it); then it stops with exit 4 and log line ``daemon.stopped`` (reason ``cluster_lost``), for systemd's ``Restart=`` to start it again, and the jobs it held run again at the next start. 60 s is how long Ray's nodes wait for a lost head before they exit."""
     env_passthrough: tuple[str, ...] = ()
     """Daemon environment variables copied into each attempt on the node (e.g. ``POPLAR_ENGINE_OPTIONS``)."""
 
@@ -306,6 +308,7 @@ class ClusterConfig:
         _check(self.memory_bytes >= 0, "cluster.memory_bytes", "must be >= 0")
         _check(self.schedule_timeout > 0, "cluster.schedule_timeout", "must be > 0")
         _check(self.cancel_margin >= 0, "cluster.cancel_margin", "must be >= 0")
+        _check(self.head_timeout > 0, "cluster.head_timeout", "must be > 0")
         _check(bool(self.address), "cluster.address", "must not be empty")
 
 

@@ -100,6 +100,8 @@ async def shard_job(
     config = spec.config
     target = config.target(spec.target)
     hosts = pool.runner if isinstance(pool.runner, AttemptHosts) else None
+    if hosts is not None:
+        await hosts.refresh()
     backend = resolve_backend(spec.search.backend, target, hosts)
     emit(
         "backend.selected",
