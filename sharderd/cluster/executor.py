@@ -56,9 +56,9 @@ from sharderd.logs import get_logger
 
 __all__ = ["RayRunner", "required_resources", "unschedulable_reason"]
 
-_WAIT_SLICE_S: Final = 0.25
-"""Seconds one ``ray.wait`` (in its thread) waits for a task: a result comes back at once, the
-attempt's ``started`` marker and stderr are looked at between two waits."""
+_POLL_S: Final = 0.02
+"""Seconds between two looks at a task (``ray.wait(timeout=0)``, in a thread). Not one longer
+``ray.wait`` per look: with 0.25 s waits a zero-second attempt took 0.04-0.09 s longer (measured)."""
 _FEASIBILITY_EVERY_S: Final = 1.0
 _SHUTDOWN_S: Final = 10.0
 """Seconds ``ray.shutdown()`` may take when the daemon stops (it waits forever for a lost head)."""
@@ -284,7 +284,7 @@ class RayRunner:
         next_check = anyio.current_time()
         try:
             while True:
-                done, _ = await blocking.call(ray.wait, [ref], timeout=_WAIT_SLICE_S)
+                done, _ = await blocking.call(ray.wait, [ref], timeout=0)
                 if done:
                     return await blocking.call(read_result, ray, ref)
                 now = anyio.current_time()
@@ -314,6 +314,7 @@ class RayRunner:
                             "timeout", f"no result through Ray within {timeout:g} s; task cancelled"
                         ).to_json()
                     }
+                await anyio.sleep(_POLL_S)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 await self._cancel(ref, kill_grace)
@@ -324,8 +325,8 @@ class RayRunner:
         ray = self._ray
         await self._ray_cancel(ref, force=False)
         with anyio.move_on_after(kill_grace + self.cancel_margin):
-            while not (await blocking.call(ray.wait, [ref], timeout=_WAIT_SLICE_S))[0]:
-                pass
+            while not (await blocking.call(ray.wait, [ref], timeout=0))[0]:
+                await anyio.sleep(_POLL_S)
             return
         _log.warning("attempt.force_cancelled", grace_s=kill_grace + self.cancel_margin)
         await self._ray_cancel(ref, force=True)

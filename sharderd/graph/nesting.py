@@ -2,9 +2,9 @@
 
 onnxruntime's symbolic shape inference, which every plan runs (``graph/propagate.py``), infers
 the taken branch of an ``If`` whose condition it knows in place of the other one too, so each
-level of such nesting doubles its work: for a 3 KB model of one-node branches, 0.9 s at 8 levels,
-2.7 s at 10, 9.3 s at 12 (measured), so some 40 minutes at 20 (docs/shapes.md, "Nested
-subgraphs"). The depth is checked on the parsed proto, before any inference, without recursion.
+level of such nesting doubles its work: for a 2 KB model of one-node branches, 0.18 CPU-seconds at
+8 levels, 0.8 at 10, 3.5 at 12 (``bench/nesting.py``), so some 15 CPU-minutes at 20 (docs/shapes.md,
+2a). The depth is checked on the parsed proto, before any inference, without recursion.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = ["MAX_SUBGRAPH_DEPTH", "check_nesting", "deepest_nesting", "fold_comma
 MAX_SUBGRAPH_DEPTH: Final = 8
 """Deepest subgraph accepted (a body of a main-graph node is at depth 1). The deepest real export
 in tests/data (Silero VAD) nests 3; at 8, a worst case costs the inference 2^8 copies of a branch
-(0.9 s for the one-node branches of the pathological model)."""
+(0.18 CPU-seconds for the one-node branches of ``tests/pathological.py``)."""
 
 
 def fold_command(model: str) -> str:
