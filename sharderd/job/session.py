@@ -282,7 +282,11 @@ class WorkerSession:
             "target": asdict(target),
             "serialize": None if serialize is None else asdict(serialize),
         }
-        await session._call(init)
+        try:
+            await session._call(init)
+        except BaseException:
+            await session.aclose()  # a worker that died or went past a limit is reaped here
+            raise
         return session
 
     async def _call(self, message: Mapping[str, Any]) -> Any:
