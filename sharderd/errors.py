@@ -31,6 +31,7 @@ __all__ = [
     "NotProvenError",
     "OutputWriteError",
     "PlanInfeasibleError",
+    "PlanningLimitError",
     "SharderdError",
     "StorageError",
     "VerificationError",
@@ -323,6 +324,42 @@ class WorkerCrashedError(SharderdError):
     """The planning worker, or the daemon itself, died during every run the job was allowed."""
 
     reason = "worker_crashed"
+
+
+class PlanningLimitError(SharderdError):
+    """A job's planning worker went past its time or memory limit and was stopped.
+
+    ``limit`` is ``"time"`` or ``"memory"``; ``key`` the setting that sets it (``planning_timeout``,
+    ``planning_memory_bytes`` in ``[daemon]``); ``allowed`` its value and ``used`` what the worker
+    had spent when it was stopped (seconds or bytes).
+    """
+
+    reason = "planning_limit"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        limit: str,
+        key: str,
+        allowed: float,
+        used: float,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.limit = limit
+        self.key = key
+        self.allowed = allowed
+        self.used = used
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            **super().to_dict(),
+            "limit": self.limit,
+            "key": self.key,
+            "allowed": self.allowed,
+            "used": self.used,
+        }
 
 
 class JobCancelledError(SharderdError):

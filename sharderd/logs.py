@@ -65,6 +65,8 @@ EVENTS: Final[frozenset[str]] = frozenset(
         "attempt.artifact_mismatch",
         "attempt.force_cancelled",
         "cluster.connected",
+        "cluster.lost",
+        "cluster.restored",
         "cluster.message",
         "job.succeeded",
         "job.failed",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-__all__ = ["PROC", "ProcStat", "processes", "read_stat"]
+__all__ = ["PROC", "ProcStat", "processes", "read_stat", "resident_bytes"]
 
 PROC: Final = Path("/proc")
 
@@ -55,3 +55,16 @@ def processes() -> Iterator[ProcStat]:
     for entry in entries:
         if entry.name.isdigit() and (found := read_stat(entry.name)) is not None:
             yield found
+
+
+_PAGE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def resident_bytes(pid: int) -> int | None:
+    """The process's resident memory now (``/proc/<pid>/statm``, field 2); None when it is gone."""
+    try:
+        with open(PROC / str(pid) / "statm", encoding="ascii") as f:
+            fields = f.read().split()
+    except OSError:
+        return None
+    return int(fields[1]) * _PAGE if len(fields) >= 2 else None

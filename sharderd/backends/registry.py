@@ -69,6 +69,10 @@ class Backend(Protocol):
 class AttemptHosts(Protocol):
     """The hosts where attempts run, when they are not this one (the Ray runner)."""
 
+    async def refresh(self) -> None:
+        """Look at the hosts now, for :meth:`offers` (may wait for them: a cluster's lost head)."""
+        ...
+
     def offers(self, backend: str) -> bool | None:
         """True: some host can run ``backend`` now; False: none can yet, an attempt waits for one
         (and fails naming what it waits for); None: the hosts cannot tell, ask this interpreter."""

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from sharderd.errors import ConfigError, SharderdError
+from sharderd.errors import EXIT_BACKEND_UNAVAILABLE, ConfigError, SharderdError
 
-__all__ = ["AttemptLostError", "ClusterUnavailableError", "UnschedulableError"]
+__all__ = [
+    "AttemptLostError",
+    "ClusterLostError",
+    "ClusterUnavailableError",
+    "UnschedulableError",
+]
 
 
 class AttemptLostError(SharderdError):
@@ -24,3 +29,11 @@ class ClusterUnavailableError(ConfigError):
     """``engine = "ray"`` but Ray is not installed or the cluster cannot be joined."""
 
     reason = "cluster_unavailable"
+
+
+class ClusterLostError(SharderdError):
+    """The Ray head stopped answering for ``[cluster] head_timeout``: the daemon stops (exit 4,
+    which systemd's ``Restart=on-failure`` restarts); the jobs it held resume at the next start."""
+
+    exit_code = EXIT_BACKEND_UNAVAILABLE
+    reason = "cluster_lost"

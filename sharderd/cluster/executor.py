@@ -16,22 +16,35 @@ without blocking the loop. How it ends:
 It also answers for the cluster which backends its nodes offer (``registry.AttemptHosts``): with
 ``sdk_resource`` set, ``poprt`` is offered when a live node has that resource, so the daemon's own
 host needs neither the SDK nor IPUs.
+
+No Ray call runs on the event loop: each runs in a thread (``cluster/blocking.py``), and the node
+table comes from the head watch (``cluster/head.py``), which waits for a lost head instead of
+blocking; the daemon runs the watch (:meth:`RayRunner.watch`) and stops when the head stays lost.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
+import math
+import os
 import secrets
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import anyio
 
 from sharderd.backends.protocol import AttemptOutcome, AttemptRequest
-from sharderd.cluster.errors import ClusterUnavailableError, UnschedulableError
+from sharderd.cluster import blocking
+from sharderd.cluster.errors import (
+    ClusterLostError,
+    ClusterUnavailableError,
+    UnschedulableError,
+)
+from sharderd.cluster.head import PROBE_TIMEOUT_S, HeadWatch
 from sharderd.cluster.ray_messages import route_ray_messages
 from sharderd.cluster.resources import required_resources, unschedulable_reason
 from sharderd.cluster.results import accept_result, read_result
@@ -44,7 +57,15 @@ from sharderd.logs import get_logger
 __all__ = ["RayRunner", "required_resources", "unschedulable_reason"]
 
 _POLL_S: Final = 0.02
+"""Seconds between two looks at a task (``ray.wait(timeout=0)``, in a thread). Not one longer
+``ray.wait`` per look: with 0.25 s waits a zero-second attempt took 0.04-0.09 s longer (measured)."""
 _FEASIBILITY_EVERY_S: Final = 1.0
+_SHUTDOWN_S: Final = 10.0
+"""Seconds ``ray.shutdown()`` may take when the daemon stops (it waits forever for a lost head)."""
+RAY_RECONNECT_ENV: Final = "RAY_gcs_rpc_server_reconnect_timeout_s"
+"""Ray ends a driver whose GCS has been gone this long (default 60 s): set past ``head_timeout``."""
+_RAY_OUTLIVES_S: Final = 60.0
+"""How much longer than ``head_timeout`` Ray's own limit is: the daemon's stop comes first."""
 
 _log = get_logger(__name__)
 
@@ -60,6 +81,7 @@ class RayRunner:
         self.cancel_margin = cluster.cancel_margin if cancel_margin is None else cancel_margin
         self._ray: Any = None
         self._remote: Any = None
+        self.head: HeadWatch | None = None
 
     def connect(self) -> None:
         """Join the cluster (blocking: done once at start-up, before the daemon is ready)."""
@@ -76,6 +98,8 @@ class RayRunner:
                 f"[cluster] shared_dir {self.shared_dir}: {exc.strerror}"
             ) from None
         route_ray_messages()
+        # Ray reads it when the driver connects: the daemon, not Ray, decides when a lost head ends it.
+        os.environ[RAY_RECONNECT_ENV] = str(math.ceil(self.cluster.head_timeout + _RAY_OUTLIVES_S))
         try:
             ray.init(
                 address=self.cluster.address,
@@ -87,31 +111,79 @@ class RayRunner:
         except Exception as exc:  # ray raises ConnectionError, RuntimeError, AuthenticationError...
             raise ClusterUnavailableError(
                 f"cannot join the Ray cluster at {self.cluster.address!r}: {type(exc).__name__}: {exc}",
-                hint="Start it first (`ray start --head ...` on the head host, see docs/daemon.md, "
-                "'Running attempts on a Ray cluster') and give this daemon the same RAY_AUTH_TOKEN_PATH.",
+                hint="Start it first (`ray start --head ...` on the head host, see docs/cluster.md) and "
+                "give this daemon the same RAY_AUTH_TOKEN_PATH.",
             ) from None
         from sharderd.cluster.task import execute
 
         self._ray = ray
         self._remote = ray.remote(max_retries=0, retry_exceptions=False)(execute)
+        nodes = ray.nodes()
+        self.head = HeadWatch(
+            ray.nodes, address=self.cluster.address, head_timeout=self.cluster.head_timeout
+        )
+        self.head.nodes = nodes
         _log.info(
             "cluster.connected",
             address=self.cluster.address,
-            nodes=sum(1 for n in ray.nodes() if n["Alive"]),
+            nodes=sum(1 for n in nodes if n["Alive"]),
             resources=ray.cluster_resources(),
             shared_dir=str(self.shared_dir),
         )
 
+    async def refresh(self) -> None:
+        """A fresh node table for :meth:`offers` (waits while the head is lost)."""
+        if self.head is not None:
+            await self.head.fresh_nodes()
+
     def offers(self, backend: str) -> bool | None:
-        """Whether a live node has ``sdk_resource`` (poprt only; else None: ask this host)."""
+        """Whether a live node has ``sdk_resource`` in the last node table (poprt only; else None:
+        ask this host). :meth:`refresh` first for a view of now."""
         sdk = self.cluster.sdk_resource
-        if backend != "poprt" or not sdk or self._ray is None:
+        if backend != "poprt" or not sdk or self.head is None:
             return None
         return any(
-            n.get("Alive") and (n.get("Resources") or {}).get(sdk, 0) > 0 for n in self._ray.nodes()
+            n.get("Alive") and (n.get("Resources") or {}).get(sdk, 0) > 0 for n in self.head.nodes
+        )
+
+    async def watch(
+        self,
+        on_lost: Callable[[ClusterLostError], None],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The daemon's watch on the head: ``on_lost`` once it stays lost for ``head_timeout``;
+        disconnects from Ray when cancelled (the daemon's end)."""
+        try:
+            if self.head is None:
+                task_status.started()
+                return
+            try:
+                await self.head.run(task_status=task_status)
+            except ClusterLostError as lost:
+                on_lost(lost)
+                await anyio.sleep_forever()  # until the daemon has stopped its jobs
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.aclose()
+
+    async def aclose(self) -> None:
+        """Disconnect from Ray within ``_SHUTDOWN_S``; a shutdown stuck on a lost head is left to
+        its thread, and Ray's exit hook (the same stuck shutdown) is dropped so the process can end."""
+        ray, self._ray = self._ray, None
+        if ray is None:
+            return
+        with contextlib.suppress(Exception):
+            if await blocking.ThreadCall(ray.shutdown).wait(_SHUTDOWN_S):
+                return
+        atexit.unregister(ray.shutdown)
+        _log.warning(
+            "cluster.message",
+            message=f"ray.shutdown() did not return in {_SHUTDOWN_S:g} s; left behind",
         )
 
     def close(self) -> None:
+        """Disconnect now, blocking (a caller without an event loop, with a live head)."""
         if self._ray is not None:
             self._ray.shutdown()
             self._ray = None
@@ -138,12 +210,14 @@ class RayRunner:
             )
             need = required_resources(self.cluster, request)
             await self._until_feasible(need)
-            ref = self._remote.options(
+            task = self._remote.options(
                 num_cpus=need.get("CPU", 0.0),
                 memory=need.get("memory"),
                 resources={k: v for k, v in need.items() if k not in ("CPU", "memory")} or None,
                 name=f"sharderd:{job_id}:{attempt}",
-            ).remote(payload)
+            )
+            # never retried: a submission that timed out may still have gone through
+            ref = await blocking.call(task.remote, payload)
             _log.info("attempt.submitted", attempt=attempt, resources=need, shared=str(remote_dir))
             stderr = StderrStream(remote_dir / STDERR_NAME, attempt)
             try:
@@ -167,8 +241,9 @@ class RayRunner:
         ``memory`` it asks for (measured), so only this check turns an impossible memory floor
         into a job failure.
         """
+        assert self.head is not None
         waited_since = anyio.current_time()
-        while (reason := unschedulable_reason(need, self._ray.nodes())) is not None:
+        while (reason := unschedulable_reason(need, await self.head.fresh_nodes())) is not None:
             if anyio.current_time() - waited_since >= self.cluster.schedule_timeout:
                 raise self._unschedulable(reason, need)
             await anyio.sleep(_FEASIBILITY_EVERY_S)
@@ -203,14 +278,15 @@ class RayRunner:
         stderr: StderrStream | None = None,
     ) -> dict[str, Any]:
         ray = self._ray
+        assert self.head is not None
         started_at: float | None = None
         infeasible_since: float | None = None
         next_check = anyio.current_time()
         try:
             while True:
-                done, _ = ray.wait([ref], timeout=0)
+                done, _ = await blocking.call(ray.wait, [ref], timeout=0)
                 if done:
-                    return read_result(ray, ref)
+                    return await blocking.call(read_result, ray, ref)
                 now = anyio.current_time()
                 if started_at is None and (remote_dir / STARTED_NAME).exists():
                     started_at = now
@@ -218,14 +294,14 @@ class RayRunner:
                     stderr.poll()
                 if started_at is None and now >= next_check:
                     next_check = now + _FEASIBILITY_EVERY_S
-                    reason = unschedulable_reason(need, ray.nodes())
+                    reason = unschedulable_reason(need, await self.head.fresh_nodes())
                     infeasible_since = None if reason is None else (infeasible_since or now)
                     if (
                         reason is not None
                         and infeasible_since is not None  # set whenever there is a reason
                         and now - infeasible_since >= self.cluster.schedule_timeout
                     ):
-                        ray.cancel(ref, force=True)
+                        await self._ray_cancel(ref, force=True)
                         raise self._unschedulable(reason, need)
                 if (
                     started_at is not None
@@ -247,12 +323,15 @@ class RayRunner:
     async def _cancel(self, ref: Any, kill_grace: float) -> None:
         """Soft cancel (the task kills its attempt's group), force after the grace; result ignored."""
         ray = self._ray
-        with contextlib.suppress(Exception):
-            ray.cancel(ref, force=False)
+        await self._ray_cancel(ref, force=False)
         with anyio.move_on_after(kill_grace + self.cancel_margin):
-            while not ray.wait([ref], timeout=0)[0]:
+            while not (await blocking.call(ray.wait, [ref], timeout=0))[0]:
                 await anyio.sleep(_POLL_S)
             return
         _log.warning("attempt.force_cancelled", grace_s=kill_grace + self.cancel_margin)
+        await self._ray_cancel(ref, force=True)
+
+    async def _ray_cancel(self, ref: Any, *, force: bool) -> None:
+        """``ray.cancel``, in a thread, given up after ``PROBE_TIMEOUT_S`` (a lost head)."""
         with contextlib.suppress(Exception):
-            ray.cancel(ref, force=True)
+            await blocking.call(self._ray.cancel, ref, force=force, within=PROBE_TIMEOUT_S)

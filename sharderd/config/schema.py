@@ -209,6 +209,10 @@ class DaemonConfig:
     """Seconds between SIGTERM and SIGKILL of an attempt."""
     max_attempts: int = 8
     """Compile attempts per job; also its worker crashes when ``max_worker_crashes`` is unset."""
+    planning_timeout: float = 600.0
+    """Wall seconds a job's planning worker may spend analysing and planning, summed over the job (time waiting for compiles not counted); past it the job fails with reason ``planning_limit``. The 100k-node benchmark model plans in 14 s."""
+    planning_memory_bytes: int = 8 * 1024**3
+    """Resident memory a job's planning worker may hold (read ten times a second); past it the job fails with reason ``planning_limit``. The 100k-node benchmark model plans in 1.2 GiB. 0: no limit."""
     max_worker_crashes: int | None = None
     """Runs of a job whose planning worker (or the daemon itself) died, across restarts, before it goes to ``failed/``; unset: the job's ``max_attempts``."""
     settle_seconds: float = 5.0
@@ -253,6 +257,8 @@ class DaemonConfig:
             "must be >= 1",
         )
         _check(self.attempt_timeout > 0, "daemon.attempt_timeout", "must be > 0")
+        _check(self.planning_timeout > 0, "daemon.planning_timeout", "must be > 0")
+        _check(self.planning_memory_bytes >= 0, "daemon.planning_memory_bytes", "must be >= 0")
         _check(self.settle_seconds >= 0, "daemon.settle_seconds", "must be >= 0")
         _check(self.rescan_interval > 0, "daemon.rescan_interval", "must be > 0")
         _check(self.shutdown_timeout > 0, "daemon.shutdown_timeout", "must be > 0")
@@ -296,6 +302,8 @@ class ClusterConfig:
     """Seconds an attempt may wait for a node that can hold it before its job fails naming the resource."""
     cancel_margin: float = 5.0
     """Seconds after ``kill_grace`` that a soft ``ray.cancel`` may take before the task is force-killed."""
+    head_timeout: float = 60.0
+    """Seconds the daemon waits for a Ray head (GCS) that stopped answering (``cluster.lost`` in the log; jobs wait for it); then it stops with exit 4 and log line ``daemon.stopped`` (reason ``cluster_lost``), for systemd's ``Restart=`` to start it again, and the jobs it held run again at the next start. 60 s is how long Ray's nodes wait for a lost head before they exit."""
     env_passthrough: tuple[str, ...] = ()
     """Daemon environment variables copied into each attempt on the node (e.g. ``POPLAR_ENGINE_OPTIONS``)."""
 
@@ -309,6 +317,7 @@ class ClusterConfig:
         _check(self.memory_bytes >= 0, "cluster.memory_bytes", "must be >= 0")
         _check(self.schedule_timeout > 0, "cluster.schedule_timeout", "must be > 0")
         _check(self.cancel_margin >= 0, "cluster.cancel_margin", "must be >= 0")
+        _check(self.head_timeout > 0, "cluster.head_timeout", "must be > 0")
         _check(bool(self.address), "cluster.address", "must not be empty")
 
 

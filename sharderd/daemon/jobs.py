@@ -44,6 +44,7 @@ from sharderd.errors import (
     sole_exception,
 )
 from sharderd.filenames import safe_name
+from sharderd.job.limits import PlanningLimits
 from sharderd.job.run import JobFailed, JobResult, JobSpec, shard_job
 from sharderd.logs import get_logger
 from sharderd.target import BUILTIN_TARGETS
@@ -157,6 +158,11 @@ class JobRun:
             isolate_planning=True,
             auto_devices=options.auto_devices,
             report_extra={"job": job_facts(job)},
+            planning_limits=PlanningLimits(
+                ctx.config.daemon.planning_timeout,
+                ctx.config.daemon.planning_memory_bytes,
+                None if ctx.config.source is None else str(ctx.config.source),
+            ),
         )
         files.journal(state="planning")
         while True:

@@ -17,7 +17,7 @@ so a start-up error is a plain ``ConfigError``), start the watcher, *then* scan 
 by both, never by neither. Stopping (SIGTERM/SIGINT): the intake group goes first, so nothing new
 is claimed; ``shutdown = "kill"`` cancels the jobs (their attempt groups are killed, they stay in
 ``processing/``), ``"drain"`` lets them finish within ``shutdown_timeout``. A second signal kills
-every child process group at once.
+every child process group at once. A lost Ray head stops it as ``"kill"`` does, with exit 4.
 
 Admission: a job holds a planning worker (the analysed model, in memory) for its whole life, so
 at most ``max(cpu count, 2 × max_parallel_compiles)`` jobs run at once; the rest wait *in the
@@ -43,6 +43,7 @@ import anyio.abc
 
 from sharderd import __version__
 from sharderd.childenv import child_env
+from sharderd.cluster.errors import ClusterLostError
 from sharderd.config import Config
 from sharderd.daemon.control import Canceller, ControlWatch
 from sharderd.daemon.filing import JobContext, cancel_claimed
@@ -86,6 +87,7 @@ async def serve(
 
     Raises:
         ConfigError: Start-up checks failed (root, folders, filesystems); nothing was claimed.
+        ClusterLostError: The Ray head stayed lost; the daemon stopped its jobs first (exit 4).
     """
     daemon = _Daemon(open_daemon(config))
     try:
@@ -95,6 +97,8 @@ async def serve(
                 await daemon.run(task_status, received)
         else:
             await daemon.run(task_status, signals)
+        if daemon.lost is not None:
+            raise daemon.lost
     finally:
         with anyio.CancelScope(shield=True):
             await daemon.metrics.aclose()
@@ -131,6 +135,7 @@ class _Daemon:
         self.stop = anyio.Event()
         self.forced = False
         self.stopping = False
+        self.lost: ClusterLostError | None = None  # the Ray head stayed lost: stop, then raise it
         self._job_ended = anyio.Event()
         self._job_tg: anyio.abc.TaskGroup | None = None
 
@@ -170,6 +175,8 @@ class _Daemon:
             await root.start(self._handle_signals, signals)
             await root.start(self._watchdog)
             await root.start(self._publish_status)
+            if (watch := getattr(self.pool.runner, "watch", None)) is not None:
+                await root.start(watch, self._lost_head)  # a Ray cluster's head (cluster/head.py)
             async with anyio.create_task_group() as jobs:
                 self._job_tg = jobs
                 self._claim_ready()
@@ -184,8 +191,10 @@ class _Daemon:
             root.cancel_scope.cancel()
         self.board.set_state("stopped")
         self._write_status()
+        left, lost = sum(1 for _ in self.dirs.processing.iterdir()), self.lost
+        code = lost.exit_code if lost else 0
         _log.info(
-            "daemon.stopped", left_in_processing=sum(1 for _ in self.dirs.processing.iterdir())
+            "daemon.stopped", left_in_processing=left, reason=lost and lost.reason, exit_code=code
         )
 
     async def _start_intake(self, intake: anyio.abc.TaskGroup) -> None:
@@ -229,22 +238,24 @@ class _Daemon:
                 )
                 self._force()
 
-    def _begin_stop(self, signum: signal.Signals) -> None:
+    def _begin_stop(self, signum: signal.Signals | None, **cause: object) -> None:
         self.stopping = True
         self.board.set_state("stopping")
         running = len(self.jobs)
-        self.notifier.stopping(f"stopping ({self.daemon.shutdown}): {running} running")
+        shutdown = self.daemon.shutdown if self.lost is None else "kill"
+        self.notifier.stopping(f"stopping ({shutdown}): {running} running")
         _log.info(
             "daemon.stopping",
-            signal=signum.name,
-            shutdown=self.daemon.shutdown,
+            signal=signum and signum.name,
+            **cause,
+            shutdown=shutdown,
             running=running,
-            timeout_s=self.daemon.shutdown_timeout if self.daemon.shutdown == "drain" else None,
+            timeout_s=self.daemon.shutdown_timeout if shutdown == "drain" else None,
         )
         self.stop.set()
 
     async def _stop_jobs(self) -> None:
-        if self.daemon.shutdown == "drain" and not self.forced:
+        if self.daemon.shutdown == "drain" and not self.forced and self.lost is None:
             deadline = anyio.current_time() + self.daemon.shutdown_timeout
             while self.jobs and not self.forced:
                 left = deadline - anyio.current_time()
@@ -271,6 +282,11 @@ class _Daemon:
         for scope in self.jobs.values():
             scope.cancel()
         kill_children()
+
+    def _lost_head(self, lost: ClusterLostError) -> None:
+        if not self.stop.is_set():
+            self.lost = lost
+            self._begin_stop(None, reason=lost.reason, message=lost.message)
 
     async def _watchdog(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         task_status.started()

@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 
 from sharderd.errors import ModelInvalidError
 from sharderd.graph.in_file import point_at
+from sharderd.graph.nesting import check_nesting
 from sharderd.graph.skim import Skimmed, skim_file
 from sharderd.graph.tensors import all_tensors, tensor_nbytes
 from sharderd.graph.validate import check_tensors_and_values
@@ -131,6 +132,7 @@ def parse_model_bytes(data: bytes, where: str) -> onnx.ModelProto:
             f"{where} is not an ONNX model: it parses, but has no graph, IR version or opset imports",
             hint=f"onnx's checker shows the same: {check_command(where)}",
         )
+    check_nesting(model.graph, where)
     _check_text(model.graph, where)
     return model
 

@@ -30,6 +30,7 @@ from sharderd.fsutil import atomic_write
 from sharderd.graph.load import read_structure
 from sharderd.job.attempts import Contradiction
 from sharderd.job.codec import ModelSummary
+from sharderd.job.limits import PlanningLimits
 from sharderd.job.outdir import REPORT_FILES, check_model_file
 from sharderd.job.prove import Emit, Prover, ProveResult
 from sharderd.job.session import (
@@ -54,7 +55,15 @@ from sharderd.report.html import render_html
 from sharderd.report.markdown import render_markdown
 from sharderd.shard.serialize import Serialized
 
-__all__ = ["REPORT_FILES", "JobFailed", "JobResult", "JobSpec", "run_local", "shard_job", "write_report"]
+__all__ = [
+    "REPORT_FILES",
+    "JobFailed",
+    "JobResult",
+    "JobSpec",
+    "run_local",
+    "shard_job",
+    "write_report",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +87,8 @@ class JobSpec:
     predicted throughput is within ``plan.fewest.THROUGHPUT_BAND`` of a plan on that many."""
     report_extra: Mapping[str, Any] | None = None
     """Top-level keys the caller adds to report.json, failed or not (the daemon's ``job``)."""
+    planning_limits: PlanningLimits | None = None
+    """Time and memory the child process may spend (``isolate_planning`` only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +155,8 @@ async def shard_job(
     config = spec.config
     target = config.target(spec.target)
     hosts = pool.runner if isinstance(pool.runner, AttemptHosts) else None
+    if hosts is not None:
+        await hosts.refresh()
     backend = resolve_backend(
         spec.search.backend, target, hosts, fallback=spec.search.auto_fallback
     )
@@ -167,6 +180,7 @@ async def shard_job(
                 stderr_path=workdir / "planworker.stderr",
                 env=env,
                 serialize=serialize,
+                limits=spec.planning_limits,
             )
         except OSError as exc:
             raise JobFailed(

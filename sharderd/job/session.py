@@ -22,7 +22,7 @@ import anyio
 from anyio.abc import Process
 
 from sharderd.config import PlanConfig
-from sharderd.errors import OutputWriteError, WorkerDiedError
+from sharderd.errors import OutputWriteError, PlanningLimitError, WorkerDiedError, sole_exception
 from sharderd.graph.analyze import Analysis
 from sharderd.job.codec import (
     ModelSummary,
@@ -34,6 +34,7 @@ from sharderd.job.codec import (
     decode_probed,
     decode_summary,
 )
+from sharderd.job.limits import MemoryWatch, PlanningLimits
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.serialize_choice import BottleneckTrial
 from sharderd.report.build import model_facts
@@ -236,13 +237,28 @@ class LocalSession:
 
 
 class WorkerSession:
-    """The plan service in a child process; requests and answers are JSON lines."""
+    """The plan service in a child process; requests and answers are JSON lines.
 
-    def __init__(self, process: Process, stderr_path: Path) -> None:
+    With ``limits``, the worker is killed once its answers have taken ``limits.seconds`` in all or
+    it holds more than ``limits.memory_bytes``; that call and every later one raise
+    ``PlanningLimitError`` (``job/limits.py``).
+    """
+
+    def __init__(
+        self,
+        process: Process,
+        stderr_path: Path,
+        model: Path | None = None,
+        limits: PlanningLimits | None = None,
+    ) -> None:
         self._process = process
         self._stderr_path = stderr_path
         self._buffer = b""
         self._lock = anyio.Lock()
+        self._model = model
+        self._limits = limits
+        self._spent = 0.0
+        self._stopped: PlanningLimitError | None = None
 
     @classmethod
     async def start(
@@ -254,6 +270,7 @@ class WorkerSession:
         stderr_path: Path,
         env: Mapping[str, str] | None = None,
         serialize: Serialize | None = None,
+        limits: PlanningLimits | None = None,
     ) -> WorkerSession:
         """Start the worker; its stderr goes to ``stderr_path`` (a pipe nobody reads could block it)."""
         stderr_path.parent.mkdir(parents=True, exist_ok=True)
@@ -264,36 +281,77 @@ class WorkerSession:
                 stderr=stderr,
                 env=dict(env) if env is not None else None,
             )
-        session = cls(process, stderr_path)
+        session = cls(process, stderr_path, model, limits)
         init = {
             "model": str(model),
             "plan": {**asdict(plan_config), "dims": dict(plan_config.dims)},
             "target": asdict(target),
             "serialize": None if serialize is None else asdict(serialize),
         }
-        await session._call(init)
+        try:
+            await session._call(init)
+        except BaseException:
+            await session.aclose()  # a worker that died or went past a limit is reaped here
+            raise
         return session
 
     async def _call(self, message: Mapping[str, Any]) -> Any:
         async with self._lock:
-            assert self._process.stdin is not None and self._process.stdout is not None
-            await self._process.stdin.send((json.dumps(message) + "\n").encode())
-            while b"\n" not in self._buffer:
-                try:
-                    chunk = await self._process.stdout.receive()
-                except anyio.EndOfStream:
-                    code = await self._process.wait()
-                    raise WorkerDiedError(
-                        f"the planning worker died (exit status {code}): {self._stderr_tail()}",
-                        exit_status=code if code >= 0 else None,
-                        signal=-code if code < 0 else None,
-                    ) from None
-                self._buffer += chunk
-            line, _, self._buffer = self._buffer.partition(b"\n")
+            if self._stopped is not None:
+                raise self._stopped
+            if self._limits is None:
+                line = await self._exchange(message)
+            else:
+                line = await self._exchange_within(message, self._limits)
         answer = json.loads(line)
         if not answer.get("ok"):
             raise decode_error(answer.get("error", {}))
         return answer["result"]
+
+    async def _exchange_within(self, message: Mapping[str, Any], limits: PlanningLimits) -> bytes:
+        """``_exchange`` under the job's time budget and memory limit; past either, kill the worker."""
+        started = anyio.current_time()
+        watch = MemoryWatch(self._process.pid, limits.memory_bytes)
+        line: bytes | None = None
+        with anyio.CancelScope(deadline=started + limits.seconds - self._spent) as scope:
+            try:
+                async with anyio.create_task_group() as tg:
+                    if limits.memory_bytes:
+                        tg.start_soon(watch.run, scope)
+                    line = await self._exchange(message)
+                    tg.cancel_scope.cancel()
+            except BaseExceptionGroup as group:  # the worker died: its error, as without limits
+                raise sole_exception(group) from None
+        self._spent += anyio.current_time() - started
+        if line is not None:
+            return line
+        with contextlib.suppress(ProcessLookupError):
+            self._process.kill()
+        model = str(self._model or "the model")
+        self._stopped = (
+            limits.time_error(model, self._spent)
+            if watch.over is None
+            else limits.memory_error(model, watch.over)
+        )
+        raise self._stopped
+
+    async def _exchange(self, message: Mapping[str, Any]) -> bytes:
+        """Send one request, read its one answer line."""
+        assert self._process.stdin is not None and self._process.stdout is not None
+        await self._process.stdin.send((json.dumps(message) + "\n").encode())
+        while b"\n" not in self._buffer:
+            try:
+                chunk = await self._process.stdout.receive()
+            except anyio.EndOfStream:
+                code = await self._process.wait()
+                raise WorkerDiedError(
+                    f"the planning worker died (exit status {code}): {self._stderr_tail()}",
+                    exit_status=code if code >= 0 else None,
+                    signal=-code if code < 0 else None,
+                ) from None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
 
     def _stderr_tail(self, limit: int = 2000) -> str:
         try:

@@ -90,6 +90,9 @@ class _Cluster:
     def __init__(self, poprt_offered: bool | None) -> None:
         self.poprt_offered = poprt_offered
 
+    async def refresh(self) -> None:
+        return None
+
     def offers(self, backend: str) -> bool | None:
         return self.poprt_offered if backend == "poprt" else None
 

@@ -11,7 +11,12 @@ import pytest
 
 import sharderd
 from sharderd.config.load import LocatedError
-from sharderd.errors import DimsUnresolvedError, PlanInfeasibleError, SharderdError
+from sharderd.errors import (
+    DimsUnresolvedError,
+    PlanInfeasibleError,
+    PlanningLimitError,
+    SharderdError,
+)
 from sharderd.job.codec import (
     ModelSummary,
     decode_error,
@@ -40,6 +45,9 @@ def _instance(cls: type[SharderdError]) -> SharderdError:
         DimsUnresolvedError: lambda: DimsUnresolvedError("dims", dims=(("x", 0, "batch"),)),
         LocatedError: lambda: LocatedError("bad key", path=("plan", "dims"), hint="fix it"),
         JobFailed: lambda: JobFailed(PlanInfeasibleError("w", grounds="probe"), {"status": "x"}),
+        PlanningLimitError: lambda: PlanningLimitError(
+            "over", hint="raise it", limit="time", key="planning_timeout", allowed=10.0, used=10.5
+        ),
     }
     if cls in special:
         return special[cls]()
