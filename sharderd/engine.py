@@ -17,7 +17,7 @@ from sharderd.fsutil import atomic_write
 from sharderd.graph.analyze import Analysis, analyze
 from sharderd.graph.load import load_model
 from sharderd.plan.content import ContentCorrection
-from sharderd.plan.fewest import fewest_devices
+from sharderd.plan.fewest import FITTING_SEARCH, fewest_devices, first_fitting
 from sharderd.plan.ordered_costs import calibrated_compute_s
 from sharderd.plan.planner import plan_stages
 from sharderd.plan.types import Plan
@@ -33,6 +33,7 @@ __all__ = [
     "ShardFiles",
     "analyze_file",
     "annotated_model",
+    "fitting_devices",
     "make_auto_plan",
     "make_plan",
     "write_shard_files",
@@ -87,6 +88,18 @@ def make_plan(
     if not fewest or memory_scale is not None or content is not None or plan.method == "overfull":
         return plan
     return _with_fewest(analysis, target, plan, plan_on, measured)[0]
+
+
+def fitting_devices(
+    analysis: Analysis, target: Target, devices: int, config: PlanConfig
+) -> tuple[int | None, int]:
+    """After no split fitted on ``devices``: the fewest more devices on which the planner finds one
+    (``fewest.first_fitting``), or None, and the last count tried."""
+    last = min(devices + FITTING_SEARCH, analysis.flow.num_nodes)
+    found = first_fitting(
+        devices, lambda count: make_plan(analysis, target, count, config, fewest=False), last
+    )
+    return found, last
 
 
 def make_auto_plan(

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 from sharderd.cli import host
 from sharderd.cli.parser import build_parser, config_from_args, device_request
 from sharderd.config import Config, load_config, search_options
-from sharderd.errors import EXIT_FAILED, EXIT_OK, ConfigError, SharderdError
+from sharderd.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    ConfigError,
+    NoSplitError,
+    NotProvenError,
+    SharderdError,
+)
 
 if TYPE_CHECKING:
     from sharderd.job.run import JobSpec
@@ -31,7 +38,8 @@ __all__ = ["main"]
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from sharderd.engine import analyze_file, make_auto_plan
+    from sharderd.engine import analyze_file, fitting_devices, make_auto_plan
+    from sharderd.plan.infeasible import overfull_not_proven, with_fitting_hint
     from sharderd.report.assumptions import defaulted_dims
     from sharderd.report.build import (
         model_facts,
@@ -49,27 +57,46 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     analysis = analyze_file(args.model, config.plan)
     analyzed = time.perf_counter()
-    chosen, plan = planned(analysis, config.plan, target, devices)
+    model = model_facts(analysis)
+    assumed = defaulted_dims(model["inputs"], config)
+    _say_assumed(assumed)
+    base: dict[str, Any] = {
+        "model": model,
+        "warnings": [*assumed, *analysis.warnings],
+        "target": target,
+        "batch_size": config.plan.batch_size,
+    }
+    try:
+        chosen, plan = planned(analysis, config.plan, target, devices)
+        if auto:  # serialization is decided at the most devices allowed; then the fewest
+            plan = make_auto_plan(chosen.analysis, target, devices, config.plan)
+    except NoSplitError as err:
+        if isinstance(err, NotProvenError) and err.node is None:
+            err = with_fitting_hint(
+                err, devices, *fitting_devices(analysis, target, devices, config.plan)
+            )
+        if args.json:  # the report of a plan that failed: no plan, the error
+            status = "does_not_fit" if err.proven else "not_proven"
+            print(json.dumps(report_dict(**base, plan=None, status=status, error=err.to_dict())))
+        raise err from None
     analysis, serialized = chosen.analysis, chosen.records
-    if auto:  # serialization is decided at the most devices allowed; the count is then the fewest
-        plan = make_auto_plan(analysis, target, devices, config.plan)
     stage_of = dict(zip(analysis.flow.node_names, map(int, plan.assignment), strict=True))
     extra: dict[str, Any] = {}
     if serialized:
         extra["serialized"] = serialized_section(serialized, stage_of)
     if chosen.trial is not None:
         extra["serialization_tried"] = trial_section(chosen.trial)
-    model = model_facts(analysis)
-    assumed = defaulted_dims(model["inputs"], config)
-    _say_assumed(assumed)
+    error = None
+    if plan.method == "overfull":
+        error = overfull_not_proven(
+            plan, target, *fitting_devices(analysis, target, plan.devices, config.plan)
+        )
     report = report_dict(
+        **base,
         timings_s={"load_and_analyze": analyzed - started, "plan": time.perf_counter() - analyzed},
-        model=model,
-        warnings=[*assumed, *analysis.warnings],
-        target=target,
         plan=plan_section(plan, config.plan.batch_size),
-        batch_size=config.plan.batch_size,
-        status="planned",
+        status="planned" if error is None else "not_proven",
+        error=None if error is None else error.to_dict(),
         extra=extra or None,
     )
     if args.json:
@@ -77,10 +104,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     else:
         print(render_markdown(report), end="")
     _say_fewest(report, args)
-    if plan.method == "overfull":
-        from sharderd.plan.infeasible import overfull_not_proven
-
-        raise overfull_not_proven(plan, target)
+    if error is not None:
+        raise error
     return EXIT_OK
 
 

@@ -27,11 +27,11 @@ from sharderd.config import Config, SearchOptions
 from sharderd.errors import ModelInvalidError, NoSplitError, NotProvenError, SharderdError
 from sharderd.filenames import text_values
 from sharderd.fsutil import atomic_write
-from sharderd.graph.load import read_structure
 from sharderd.job.attempts import Contradiction
 from sharderd.job.codec import ModelSummary
 from sharderd.job.limits import PlanningLimits
 from sharderd.job.outdir import REPORT_FILES, check_model_file
+from sharderd.job.planning import fitting_devices, piece_stages
 from sharderd.job.prove import Emit, Prover, ProveResult
 from sharderd.job.session import (
     LocalSession,
@@ -42,6 +42,7 @@ from sharderd.job.session import (
     Serialize,
     WorkerSession,
 )
+from sharderd.plan.infeasible import fitting_hint
 from sharderd.report.assumptions import defaulted_dims
 from sharderd.report.attempts import attempt_dict
 from sharderd.report.build import (
@@ -232,13 +233,15 @@ async def shard_job(
             )
             planned = await session.plan(request)
             if planned.plan.method == "overfull":
+                fits_on, last = await fitting_devices(session, request, int(summary.facts["nodes"]))
+                hint, reruns = fitting_hint(spec.devices, fits_on, last)
                 raise NotProvenError(
                     f"no fitting split found on {spec.devices} × {target.name} (not proven): the "
                     "least overfull split the order search found overflows the estimate, no estimate "
                     "rules every split out, and backend none compiles nothing",
-                    hint=f"rerun with --devices {spec.devices + 1}, or with a compile backend to let "
-                    "the compiler decide",
-                    reruns=({"devices": spec.devices + 1}, {"backend": "poprt"}),
+                    hint=hint,
+                    reruns=reruns,
+                    min_devices=fits_on,
                 )
             final = await session.plan(
                 replace(request, write_dir=str(spec.out_dir), link_external=False, fewest=True)
@@ -352,14 +355,6 @@ async def _write_chosen(session: PlanSession, spec: JobSpec, proven: ProveResult
     elif artifact is not None and artifact.is_dir():  # onnxruntime's per-stage models
         shutil.copytree(artifact, spec.out_dir / artifact.name, dirs_exist_ok=True)
     return final
-
-
-def piece_stages(model_path: Path) -> dict[str, int]:
-    """Node name → ``__pipeline_stage`` of the written model (read without its weights)."""
-    model = read_structure(model_path)
-    return {
-        n.name: a.i for n in model.graph.node for a in n.attribute if a.name == "__pipeline_stage"
-    }
 
 
 def _warnings(notes: list[str], summary: ModelSummary, config: Config) -> list[str]:

@@ -20,7 +20,7 @@ from sharderd.plan.bounds import lower_bound_all_splits
 from sharderd.plan.types import Plan
 from sharderd.target import Target
 
-__all__ = ["THROUGHPUT_BAND", "Fewest", "fewest_devices"]
+__all__ = ["FITTING_SEARCH", "THROUGHPUT_BAND", "Fewest", "fewest_devices", "first_fitting"]
 
 THROUGHPUT_BAND = 0.01
 """Within 1% of the plan's predicted throughput counts as the same: the band the planner already
@@ -58,3 +58,25 @@ def fewest_devices(
         if fewer.method != "overfull" and fewer.bottleneck_s <= limit:
             return Fewest(d, fewer, tuple(planned))
     return Fewest(plan.devices, plan, tuple(planned))
+
+
+FITTING_SEARCH = 8
+"""Device counts past the one asked for that ``first_fitting`` plans, at most. A hint names a
+count only when the planner found a split that fits there; past 8 more devices the user is
+better served by "more devices" than by waiting for more plans."""
+
+
+def first_fitting(devices: int, plan_on: Callable[[int], Plan], limit: int) -> int | None:
+    """The smallest count in ``devices + 1 .. min(devices + FITTING_SEARCH, limit)`` whose plan
+    (``plan_on``) fits the estimate (no ``overfull`` method, no error), or None. The hint after an
+    overfull plan names it, so that rerunning as told finds a split instead of asking for one more
+    device again (the floor of ``infeasible.py`` counts weights and code, not the activations
+    the order's cut points leave)."""
+    for count in range(devices + 1, min(devices + FITTING_SEARCH, limit) + 1):
+        try:
+            plan = plan_on(count)
+        except NoSplitError:
+            continue
+        if plan.method != "overfull":
+            return count
+    return None

@@ -23,10 +23,12 @@ from sharderd.units import fmt_bytes
 
 __all__ = [
     "activation_bytes",
+    "fitting_hint",
     "infeasible_exact",
     "infeasible_proof",
     "overfull_not_proven",
     "weights_proof",
+    "with_fitting_hint",
 ]
 
 
@@ -195,17 +197,64 @@ def infeasible_exact(
     return error
 
 
-def overfull_not_proven(plan: Plan, target: Target) -> NotProvenError:
-    """A plan no compile will check that the estimate says overflows (``method == "overfull"``)."""
+def overfull_not_proven(
+    plan: Plan, target: Target, fits_on: int | None, searched_to: int
+) -> NotProvenError:
+    """A plan no compile will check that the estimate says overflows (``method == "overfull"``);
+    ``fits_on`` is the fewest devices up to ``searched_to`` on which the planner found a split that
+    fits (``fewest.first_fitting``), None when none did."""
     worst = max(plan.stages, key=lambda s: s.memory_bytes / max(s.budget_bytes, 1))
+    hint, reruns = fitting_hint(plan.devices, fits_on, searched_to)
     return NotProvenError(
         f"no fitting split found on {plan.devices} × {target.name} (not proven): the least overfull "
         f"split the order search found puts {fmt_bytes(worst.memory_bytes)} on device {worst.index}, "
         f"over its budget of {fmt_bytes(worst.budget_bytes)} (margin {plan.safety_margin:g}); no "
         "estimate rules every split out, and no compile was asked for",
-        hint=f"rerun with --devices {plan.devices + 1}, or `sharderd shard` with a compile backend "
-        "to let the compiler decide",
-        reruns=({"devices": plan.devices + 1}, {"backend": "poprt"}),
+        hint=hint,
+        reruns=reruns,
         device=worst.index,
         short_bytes=int(worst.memory_bytes - worst.budget_bytes),
+        min_devices=fits_on,
+    )
+
+
+def with_fitting_hint(
+    err: NotProvenError, devices: int, fits_on: int | None, searched_to: int
+) -> NotProvenError:
+    """``err`` (no split found on ``devices``) with its hint and ``min_devices`` naming the count
+    the planner found a fitting split on, instead of the estimate's guess."""
+    hint, reruns = fitting_hint(devices, fits_on, searched_to)
+    again = NotProvenError(
+        err.message,
+        hint=hint,
+        reruns=reruns,
+        device=err.device,
+        short_bytes=err.short_bytes,
+        min_devices=fits_on,
+        fits_without_margin=err.fits_without_margin,
+    )
+    again.node, again.node_need, again.node_activation_share = (
+        err.node,
+        err.node_need,
+        err.node_activation_share,
+    )
+    return again
+
+
+def fitting_hint(
+    devices: int, fits_on: int | None, searched_to: int
+) -> tuple[str, tuple[dict[str, object], ...]]:
+    """The rerun after no split fitted on ``devices``: the count a fitting split was found on, or,
+    when none up to ``searched_to`` was, more devices than that; a compile backend either way."""
+    compile_too = "`sharderd shard` with a compile backend to let the compiler decide"
+    if fits_on is None:
+        return (
+            f"no split fits the estimate on {devices + 1} to {searched_to} devices either: rerun "
+            f"with more than {searched_to}, or {compile_too}",
+            ({"devices": searched_to + 1}, {"backend": "poprt"}),
+        )
+    return (
+        f"rerun with --devices {fits_on} (the fewest on which the planner found a split that "
+        f"fits), or {compile_too}",
+        ({"devices": fits_on}, {"backend": "poprt"}),
     )
