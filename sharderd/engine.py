@@ -36,6 +36,7 @@ __all__ = [
     "fitting_devices",
     "make_auto_plan",
     "make_plan",
+    "with_fewest",
     "write_shard_files",
 ]
 
@@ -88,6 +89,18 @@ def make_plan(
     if not fewest or memory_scale is not None or content is not None or plan.method == "overfull":
         return plan
     return _with_fewest(analysis, target, plan, plan_on, measured)[0]
+
+
+def with_fewest(analysis: Analysis, target: Target, plan: Plan, config: PlanConfig) -> Plan:
+    """``plan``, made by ``make_plan(..., fewest=False)`` with nothing but ``config``, with its
+    fewest devices filled in as ``make_plan`` fills them in."""
+    if plan.method == "overfull":
+        return plan
+
+    def plan_on(count: int) -> Plan:
+        return plan_stages(analysis, target, count, safety_margin=config.safety_margin)
+
+    return _with_fewest(analysis, target, plan, plan_on, None)[0]
 
 
 def fitting_devices(

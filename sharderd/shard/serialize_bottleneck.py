@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from sharderd.config import PlanConfig
-from sharderd.engine import analyze_file, make_plan
+from sharderd.engine import analyze_file, make_plan, with_fewest
 from sharderd.errors import SharderdError
 from sharderd.filenames import safe_name
 from sharderd.graph.analyze import Analysis
@@ -78,7 +78,9 @@ def planned(
     chosen = (
         decide(analysis, config, target, devices) if config.serialize else Decision(analysis, ())
     )
-    return chosen, chosen.plan or make_plan(chosen.analysis, target, devices, config)
+    if chosen.plan is None:
+        return chosen, make_plan(chosen.analysis, target, devices, config)
+    return chosen, with_fewest(chosen.analysis, target, chosen.plan, config)
 
 
 def _bottleneck(done: Decision, config: PlanConfig, target: Target, devices: int) -> Decision:
