@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,3 +134,14 @@ def shard(tmp_path: Path) -> Callable[..., Sharded]:
 
 
 # --- other fixtures -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
+    """A datagram socket standing in for systemd's ``NOTIFY_SOCKET``: its address and the socket."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    address = str(tmp_path / "notify.sock")
+    sock.bind(address)
+    sock.setblocking(False)
+    yield address, sock
+    sock.close()

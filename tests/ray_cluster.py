@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fault_backend import worker_env
 
@@ -261,3 +262,20 @@ def two_nodes(root: Path) -> Iterator[RayCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+def daemon_cluster_section(cluster: RayCluster, root: Path, sdk_resource: str, **keys: Any) -> str:
+    """The ``[cluster]`` section of a daemon config that runs attempts on ``cluster``, with its
+    shared and sweep folders under ``root``; ``keys`` are further ``[cluster]`` keys (TOML values
+    written as JSON, which TOML reads alike for numbers, strings and lists: ``schedule_timeout=60.0``)."""
+    lines = [
+        "",
+        "[cluster]",
+        'engine = "ray"',
+        f'address = "{cluster.address}"',
+        f'shared_dir = "{root / "shared"}"',
+        f'sweep_dir = "{root / "sweep"}"',
+        f'sdk_resource = "{sdk_resource}"',
+        *(f"{key} = {json.dumps(value)}" for key, value in keys.items()),
+    ]
+    return "\n".join(lines) + "\n"

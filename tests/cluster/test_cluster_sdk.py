@@ -29,7 +29,7 @@ from daemon_helpers import (
     save_model,
     write_config,
 )
-from ray_cluster import RayCluster
+from ray_cluster import RayCluster, daemon_cluster_section
 
 from sharderd.cluster.sweeper import sweeper_pid
 
@@ -50,15 +50,7 @@ def head_only(tmp_path: Path) -> Iterator[RayCluster]:
 def _config(cluster: RayCluster, root: Path, backend: str) -> Path:
     config = write_config(root, backend=backend, target="ipu-mk2", max_parallel_compiles=2)
     with open(config, "a") as f:
-        f.write(
-            "\n[cluster]\n"
-            'engine = "ray"\n'
-            f'address = "{cluster.address}"\n'
-            f'shared_dir = "{root / "shared"}"\n'
-            f'sweep_dir = "{root / "sweep"}"\n'
-            f'sdk_resource = "{SDK}"\n'
-            f"schedule_timeout = {SCHEDULE_TIMEOUT}\n"
-        )
+        f.write(daemon_cluster_section(cluster, root, SDK, schedule_timeout=SCHEDULE_TIMEOUT))
     return config
 
 

@@ -16,7 +16,6 @@ import json
 import signal
 import socket
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ import pytest
 pytest.importorskip("ray")
 
 from daemon_helpers import DaemonProcess, chain_model, drop, results, save_model, write_config
-from ray_cluster import WORKER_RESOURCE, RayCluster
+from ray_cluster import WORKER_RESOURCE, RayCluster, daemon_cluster_section
 
 from sharderd.cluster.head import PROBE_EVERY_S, PROBE_TIMEOUT_S
 from sharderd.errors import EXIT_BACKEND_UNAVAILABLE
@@ -49,16 +48,15 @@ def _config(cluster: RayCluster, root: Path, head_timeout: float) -> Path:
     )
     with open(config, "a") as f:
         f.write(
-            "\n[cluster]\n"
-            'engine = "ray"\n'
-            f'address = "{cluster.address}"\n'
-            f'shared_dir = "{root / "shared"}"\n'
-            f'sweep_dir = "{root / "sweep"}"\n'
-            f'sdk_resource = "{WORKER_RESOURCE}"\n'
-            "schedule_timeout = 60.0\n"
-            "cancel_margin = 2.0\n"
-            f"head_timeout = {head_timeout}\n"
-            'env_passthrough = ["FAKE_POPRT_COMPILE_SECONDS"]\n'
+            daemon_cluster_section(
+                cluster,
+                root,
+                WORKER_RESOURCE,
+                schedule_timeout=60.0,
+                cancel_margin=2.0,
+                head_timeout=head_timeout,
+                env_passthrough=["FAKE_POPRT_COMPILE_SECONDS"],
+            )
         )
     return config
 
@@ -74,16 +72,6 @@ def _daemon(
     if notify is not None:
         env.update({"NOTIFY_SOCKET": notify, "WATCHDOG_USEC": "1000000"})
     return DaemonProcess(config, env=env, fake_poprt=True)
-
-
-@pytest.fixture
-def notify(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    address = str(tmp_path / "notify.sock")
-    sock.bind(address)
-    sock.setblocking(False)
-    yield address, sock
-    sock.close()
 
 
 def _pings(sock: socket.socket) -> int:
@@ -108,7 +96,7 @@ def _new_cluster(root: Path) -> RayCluster:
 
 
 def test_a_lost_head_stops_the_daemon_cleanly_and_a_new_head_finishes_its_jobs(
-    tmp_path: Path, notify: tuple[str, socket.socket]
+    tmp_path: Path, notify_socket: tuple[str, socket.socket]
 ) -> None:
     root = tmp_path / "d"
     models = root / "models"
@@ -116,7 +104,7 @@ def test_a_lost_head_stops_the_daemon_cleanly_and_a_new_head_finishes_its_jobs(
         save_model(chain_model(seed), models / f"{name}.onnx")
         for seed, name in ((1, "first"), (2, "second"), (3, "third"))
     )
-    address, sock = notify
+    address, sock = notify_socket
     cluster = _new_cluster(tmp_path / "ray1")
     try:
         daemon = _daemon(cluster, _config(cluster, root, HEAD_TIMEOUT), 120.0, address)

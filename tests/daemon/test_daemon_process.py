@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -166,16 +166,6 @@ def test_second_signal_cancels_a_drain_at_once(root: Path) -> None:
 
 
 # --- systemd, idle, start-up ------------------------------------------------------------------------
-
-
-@pytest.fixture
-def notify_socket(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    address = str(tmp_path / "notify.sock")
-    sock.bind(address)
-    sock.setblocking(False)
-    yield address, sock
-    sock.close()
 
 
 def drain(sock: socket.socket, into: list[str]) -> list[str]:
