@@ -59,7 +59,8 @@ def targets(config: Config | None = None) -> Mapping[str, Target]:
 def plan(
     model: Model,
     *,
-    devices: int,
+    devices: int | Literal["auto"],
+    max_devices: int | None = None,
     target: str | Target | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     dims: Mapping[str, int] | None = None,
@@ -71,6 +72,8 @@ def plan(
     config: Config | str | os.PathLike[str] | None = None,
 ) -> Plan:
     """Split ``model`` into ``devices`` pipeline stages; compile nothing, write nothing.
+    ``devices="auto"`` with ``max_devices=N`` (``--devices auto --max-devices N``) plans on the
+    fewest devices, at most N, whose predicted throughput is within 1% of a plan on N.
 
     ``target`` is a name (``targets()``) or a ``Target``; ``None`` takes the config's ``[target]``
     (``ipu-mk2`` by default). ``input_shapes``, ``dims``, ``batch_size``, ``precision`` and
@@ -96,7 +99,7 @@ def plan(
 
     Each error's ``hint`` is a call that gets past it, in Python terms.
     """
-    from sharderd.engine import analyze_file
+    from sharderd.engine import analyze_file, make_auto_plan
     from sharderd.report.assumptions import defaulted_dims
     from sharderd.report.build import model_facts, plan_section
     from sharderd.shard.serialize_bottleneck import planned
@@ -104,10 +107,12 @@ def plan(
     call = Call("plan", model, dict(locals()))
     with call.hints():
         cfg, target_name = _config(call.arguments)
+        count, auto = device_request(devices, max_devices)
+        target_value = cfg.target(target_name)
         with _model_file(model, _IN_MEMORY_STEM) as path:
-            chosen, made = planned(
-                analyze_file(path, cfg.plan), cfg.plan, cfg.target(target_name), devices
-            )
+            chosen, made = planned(analyze_file(path, cfg.plan), cfg.plan, target_value, count)
+        if auto:  # as `--devices auto`: serialization decided at the most, then the fewest
+            made = make_auto_plan(chosen.analysis, target_value, count, cfg.plan)
         _warn(defaulted_dims(model_facts(chosen.analysis)["inputs"], cfg))
     flow, stage_of = chosen.analysis.flow, made.assignment
     nodes: list[list[tuple[str, str]]] = [[] for _ in range(made.devices)]
@@ -119,7 +124,8 @@ def plan(
 def shard(
     model: Model,
     *,
-    devices: int,
+    devices: int | Literal["auto"],
+    max_devices: int | None = None,
     out: str | os.PathLike[str],
     backend: Backend | None = None,
     target: str | Target | None = None,
@@ -178,7 +184,8 @@ def shard(
 async def shard_async(
     model: Model,
     *,
-    devices: int,
+    devices: int | Literal["auto"],
+    max_devices: int | None = None,
     out: str | os.PathLike[str],
     backend: Backend | None = None,
     target: str | Target | None = None,
@@ -217,11 +224,13 @@ async def shard_async(
         out_dir = Path(out)
         with _model_file(model, stem or _IN_MEMORY_STEM) as path:
             check_model_file(path)
+            count, auto = device_request(devices, max_devices)
             spec = JobSpec(
                 model=path,
                 out_dir=out_dir,
                 stem=stem or path.name.removesuffix(".onnx"),
-                devices=devices,
+                devices=count,
+                auto_devices=auto,
                 config=cfg,
                 search=search,
                 target=target_name,
@@ -237,6 +246,26 @@ async def shard_async(
     _warn(fallback_warnings(search.backend, str(done.report["backend"]), target_value))
     _warn(defaulted_dims(done.report["model"]["inputs"], cfg))
     return shard_result(done.report, out_dir, _written_stages(done.report, out_dir))
+
+
+def device_request(devices: int | str, max_devices: int | None) -> tuple[int, bool]:
+    """(devices, auto), as the CLI's ``--devices``/``--max-devices``: ``devices="auto"`` plans on
+    at most ``max_devices`` and keeps the fewest that give the same predicted throughput."""
+    if devices != "auto":
+        if max_devices is not None:
+            raise ConfigError(
+                "max_devices applies to devices='auto' only",
+                reruns=({"max_devices": None}, {"devices": "auto"}),
+            )
+        if isinstance(devices, bool) or not isinstance(devices, int):
+            raise ConfigError(f"devices must be an int or 'auto', got {devices!r}")
+        return devices, False
+    if max_devices is None or max_devices < 1:
+        raise ConfigError(
+            f"devices='auto' needs max_devices >= 1, the most devices it may use, got {max_devices}",
+            reruns=({"max_devices": 8},),
+        )
+    return max_devices, True
 
 
 def _ignore(event: str, fields: Mapping[str, Any]) -> None:

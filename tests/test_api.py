@@ -57,6 +57,7 @@ DAEMON_ONLY_ERRORS = {
     "BadJobError",
     "InternalError",
     "JobCancelledError",
+    "PlanningLimitError",
     "StorageError",
     "WorkerCrashedError",
     "WorkerDiedError",
@@ -65,6 +66,7 @@ DAEMON_ONLY_ERRORS = {
 PLAN_PARAMS = [
     ("model", "POSITIONAL_OR_KEYWORD", inspect.Parameter.empty),
     ("devices", "KEYWORD_ONLY", inspect.Parameter.empty),
+    ("max_devices", "KEYWORD_ONLY", None),
     ("target", "KEYWORD_ONLY", None),
     ("input_shapes", "KEYWORD_ONLY", None),
     ("dims", "KEYWORD_ONLY", None),
@@ -76,10 +78,10 @@ PLAN_PARAMS = [
     ("config", "KEYWORD_ONLY", None),
 ]
 SHARD_PARAMS = [
-    *PLAN_PARAMS[:2],
+    *PLAN_PARAMS[:3],
     ("out", "KEYWORD_ONLY", inspect.Parameter.empty),
     ("backend", "KEYWORD_ONLY", None),
-    *PLAN_PARAMS[2:9],
+    *PLAN_PARAMS[3:10],
     ("keep_dynamic", "KEYWORD_ONLY", False),
     ("serialize", "KEYWORD_ONLY", True),
     ("optimal_perf", "KEYWORD_ONLY", None),
@@ -88,12 +90,13 @@ SHARD_PARAMS = [
     ("attempt_timeout", "KEYWORD_ONLY", None),
     ("overwrite", "KEYWORD_ONLY", False),
     ("stem", "KEYWORD_ONLY", None),
-    PLAN_PARAMS[10],
+    PLAN_PARAMS[11],
     ("on_event", "KEYWORD_ONLY", None),
 ]
 FLAG_KEYWORDS = {
     "model": "model",
     "devices": "devices",
+    "max_devices": "max_devices",
     "target": "target",
     "config": "config",
     "batch_size": "batch_size",
@@ -453,3 +456,19 @@ def test_a_missing_model_is_said_before_any_event(tmp_path: Path) -> None:
             on_event=lambda event, fields: seen.append(event),
         )
     assert seen == [] and not (tmp_path / "o").exists()
+
+
+def test_devices_auto_plans_on_the_fewest_as_the_cli_does() -> None:
+    """``devices="auto", max_devices=8`` is ``--devices auto --max-devices 8``: tiny_gpt2 at
+    sequence 128 runs at the pace of 8 devices on 7 (tests/cli/test_devices_auto.py); a
+    ``max_devices`` without ``auto``, or ``auto`` without it, is a ConfigError whose hint is a call."""
+    model = REPO / "tests" / "data" / "models" / "tiny_gpt2" / "model.onnx"
+    shapes = {"dims": {"sequence": 128, "batch": 1}}
+    auto = sharderd.plan(model, devices="auto", max_devices=8, **shapes)
+    assert len(auto.stages) == 7 and auto.to_dict()["max_devices"] == 8
+    with pytest.raises(sharderd.ConfigError) as given_both:
+        sharderd.plan(model, devices=4, max_devices=8, **shapes)
+    assert "devices='auto', max_devices=8" in str(given_both.value.hint)
+    with pytest.raises(sharderd.ConfigError) as no_most:
+        sharderd.plan(model, devices="auto", **shapes)
+    assert "max_devices=8" in str(no_most.value.hint)
