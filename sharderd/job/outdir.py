@@ -3,6 +3,7 @@ earlier result. The files every result folder gets are named here (``REPORT_FILE
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from sharderd.errors import ModelInvalidError
@@ -17,12 +18,14 @@ def occupied(out_dir: Path, stem: str) -> str | None:
     """Why writing the results into ``out_dir`` would overwrite an earlier result, or None when it
     would not: the folder is missing, or holds none of the files every result has (a model's own
     folder is a fine ``out``). The caller refuses, naming its own way to insist."""
-    if not out_dir.exists():
+    # os.path's tests say False for a path that cannot be looked up (too long, say): writing it
+    # then fails with the cause (OutputWriteError), not here with a traceback
+    if not os.path.lexists(out_dir):
         return None
-    if not out_dir.is_dir():
+    if not os.path.isdir(out_dir):
         return f"output folder {out_dir} exists and is not a folder"
     names = (f"{stem}.sharded.onnx", f"{stem}.sharding.yaml", *REPORT_FILES)
-    found = [name for name in names if (out_dir / name).exists()]
+    found = [name for name in names if os.path.lexists(out_dir / name)]
     if found:
         return f"output folder {out_dir} already holds a result ({', '.join(found)}): writing would replace it"
     return None
