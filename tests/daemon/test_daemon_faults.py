@@ -57,6 +57,7 @@ from sharderd.config import DaemonConfig
 from sharderd.daemon.intake import inspect_entry
 from sharderd.daemon.sidecar import load_sidecar
 from sharderd.errors import ConfigError
+from sharderd.filenames import safe_name
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="the daemon reads /proc and uses inotify"
@@ -111,6 +112,9 @@ def check_exactly_once(
     ``sources`` maps each job name to the sha256 of its input model; ``allow_failed`` names jobs
     expected in ``failed/`` and a fragment of their message.
     """
+    # the daemon names a job by its entry's safe_name (a newline as %0A): so do its folders
+    sources = {safe_name(name): digest for name, digest in sources.items()}
+    allow_failed = {safe_name(name): fragment for name, fragment in allow_failed.items()}
     state = root / "state"
     records = journal_records(root)
     names, expected = Counter(r["name"] for r in records), Counter(list(sources))
@@ -275,7 +279,7 @@ def corpus_through_daemon(root: Path, skip: frozenset[str] = frozenset()) -> Cor
     reason, or a result), non-jobs stay untouched in the inbox, and a good job after them succeeds."""
     groups = corpus_entries(root / "staging", skip)
     is_job = {g[-1].name: inspect_entry(root / "staging", g[-1].name) is not None for g in groups}
-    names = {g[-1].name.removesuffix(".onnx") for g in groups if is_job[g[-1].name]}
+    names = {safe_name(g[-1].name.removesuffix(".onnx")) for g in groups if is_job[g[-1].name]}
     good = save_model(chain_model(99), root / "good.onnx")
 
     def settled() -> bool:
