@@ -104,7 +104,7 @@ def plan(
     from sharderd.report.build import model_facts, plan_section
     from sharderd.shard.serialize_bottleneck import planned
 
-    call = Call("plan", model, dict(locals()))
+    call = Call("plan", model, dict(locals()), _FUNCTIONS)
     with call.hints():
         cfg, target_name = _config(call.arguments)
         count, auto = device_request(devices, max_devices)
@@ -214,7 +214,7 @@ async def shard_async(
     from sharderd.job.run import JobFailed, JobSpec, run_local
     from sharderd.report.assumptions import defaulted_dims
 
-    call = Call("shard", model, dict(locals()))
+    call = Call("shard", model, dict(locals()), _FUNCTIONS)
     with call.hints():
         cfg, target_name = _config(call.arguments)
         # SearchConfig checks each value as it checks a config file's
@@ -350,3 +350,7 @@ def _written_stages(report: Mapping[str, Any], out: Path) -> list[list[tuple[str
         stage = next(a.i for a in node.attribute if a.name == STAGE_ATTR)
         nodes[stage].append((node.name, node.op_type))
     return nodes
+
+
+_FUNCTIONS: Mapping[str, Callable[..., Any]] = {"plan": plan, "shard": shard}
+"""What a hint may call (``api_hints.Call``): its parameters' defaults come from these signatures."""

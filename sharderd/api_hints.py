@@ -47,6 +47,9 @@ class Call:
     model: object
     arguments: Mapping[str, Any]
     """The call's parameters by name (its ``locals()`` on entry)."""
+    functions: Mapping[str, Callable[..., Any]]
+    """The API's ``plan`` and ``shard``, whose signatures give each parameter's default (passed
+    in, so that this module does not import the API that imports it)."""
 
     @contextmanager
     def hints(self) -> Iterator[None]:
@@ -82,7 +85,7 @@ class Call:
             if key in ("dims", "input_shapes") and isinstance(values.get(key), Mapping):
                 value = {**values[key], **value}
             values[key] = value
-        parameters = inspect.signature(_function(function)).parameters
+        parameters = inspect.signature(self.functions[function]).parameters
         parts = [_model(self.model)]
         for name, parameter in parameters.items():
             if name == "model" or name not in values:
@@ -92,13 +95,6 @@ class Call:
                 continue
             parts.append(f"{name}={_literal(name, value)}")
         return f"sharderd.{function}({', '.join(parts)})"
-
-
-def _function(name: str) -> Callable[..., Any]:
-    from sharderd import api
-
-    found: Callable[..., Any] = getattr(api, name)
-    return found
 
 
 def _dims_rerun(err: DimsUnresolvedError) -> dict[str, Any]:

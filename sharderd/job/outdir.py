@@ -22,7 +22,7 @@ def occupied(out_dir: Path, stem: str) -> str | None:
     # then fails with the cause (OutputWriteError), not here with a traceback
     if not os.path.lexists(out_dir):
         return None
-    if not os.path.isdir(out_dir):
+    if not os.path.isdir(out_dir):  # noqa: PTH112 (Path.is_dir raises on a name too long)
         return f"output folder {out_dir} exists and is not a folder"
     names = (f"{stem}.sharded.onnx", f"{stem}.sharding.yaml", *REPORT_FILES)
     found = [name for name in names if os.path.lexists(out_dir / name)]
