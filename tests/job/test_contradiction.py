@@ -42,7 +42,7 @@ async def _shard(
         return AttemptOutcome("oom", "Out of memory on tile 3 (scripted)", oom=oom)
 
     monkeypatch.setattr(prove, "run_attempt", compiler)
-    monkeypatch.setattr(run, "resolve_backend", lambda *_: "poprt")
+    monkeypatch.setattr(run, "resolve_backend", lambda *_, **__: "poprt")
     (tmp_path / "sharderd.toml").write_text(CONFIG)
     config = load_config(tmp_path / "sharderd.toml")
     model = examples.save(examples.cnn(blocks=8, channels=64), tmp_path / "cnn.onnx")
