@@ -36,15 +36,14 @@ def probe_proof(record: AttemptRecord, devices: int, target: Target) -> PlanInfe
         for _, k in record.key.serialize
     )
     error = PlanInfeasibleError(
-        f"the model does not fit on {devices} × {target.name}: {record.probe} compiled alone on one "
+        f"the model does not fit on {devices} × {target.name}: node {record.probe_node!r} compiled alone on one "
         f"device at available_memory_proportion {record.key.amp:g}{serial} (attempt {record.index}) ran out "
         f"of memory{_worst_tile(oom, target)}, and every split holds it on some device, so no number of devices helps",
         grounds="probe",
         hint="reduce batch_size or the op's size, or use a target with more memory",
         device=None if oom is None else oom.device,
     )
-    name = record.probe or ""
-    error.node = name.removeprefix("node ").strip("'\"") or None
+    error.node = record.probe_node
     return error
 
 
@@ -135,9 +134,14 @@ async def _not_proven(
     worst = ooms[-1]
     oom = worst.outcome.oom if worst.outcome else None
     over = _worst_tile(oom, target)
-    where = f", last on device {oom.device}{over}" if oom is not None else ""
-    if worst.probe is not None:
-        where = f", last {worst.probe} compiled alone on one device{over}"
+    where = ""
+    if oom is not None:
+        where = f", last on device {oom.device}{over}"
+        if oom.device is None:
+            kind = "host-stream memory" if oom.kind == "stream" else "memory"
+            where = f", last out of {kind} on a device the compiler did not name"
+    if worst.probe_node is not None:
+        where = f", last node {worst.probe_node!r} compiled alone on one device{over}"
     if capped:
         why = (
             "; the estimate with the safety margin ruled every split out before any compile, so "

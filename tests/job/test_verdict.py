@@ -62,8 +62,8 @@ TILE = TARGET.bytes_per_tile
 def _record(index: int, outcome: AttemptOutcome | None, **extra: Any) -> AttemptRecord:
     return AttemptRecord(
         index=index,
-        label="probe" if "probe" in extra else "plan",
-        key=AttemptKey(f"d{index}", 0.1 if "probe" in extra else 0.6),
+        label="probe" if "probe_node" in extra else "plan",
+        key=AttemptKey(f"d{index}", 0.1 if "probe_node" in extra else 0.6),
         margin=1.0,
         scale=(1.0,),
         orders=None,
@@ -91,7 +91,7 @@ async def _end(verdict: Verdict, *records: AttemptRecord) -> ProveResult:
 
 @pytest.mark.anyio
 async def test_a_kept_plan_carries_the_probe_proof_it_contradicts() -> None:
-    records = (_record(0, AttemptOutcome("ok")), _record(1, OOM, probe="node 'conv'"))
+    records = (_record(0, AttemptOutcome("ok")), _record(1, OOM, probe_node="conv"))
     assert (await _end(Verdict(0), *records)).contradiction is None
     result = await _end(Verdict(0, contradiction=1), *records)
     assert result.chosen is records[0] and result.contradiction is not None
@@ -101,13 +101,25 @@ async def test_a_kept_plan_carries_the_probe_proof_it_contradicts() -> None:
 
 @pytest.mark.anyio
 async def test_the_probe_proof_is_exit_3_on_its_grounds() -> None:
-    records = (_record(0, None), _record(1, OOM, probe="node 'conv'"))
+    records = (_record(0, None), _record(1, OOM, probe_node="conv"))
     with pytest.raises(PlanInfeasibleError) as info:
         await _end(Verdict(None, proof=1), *records)
     err = info.value
     assert err.exit_code == 3 and err.grounds == "probe" and err.node == "conv"
     assert "at available_memory_proportion 0.1 (attempt 1) ran out of memory" in err.message
     assert "worst tile" in err.message and err.device == 1
+
+
+@pytest.mark.anyio
+async def test_the_probe_proof_names_its_node_as_the_probe_recorded_it() -> None:
+    """The node is the probe's typed field, not read back out of a label: a name with quotes (and
+    one that starts like the label's wording) comes through whole."""
+    for name in ("conv'", "node 'x'"):
+        records = (_record(0, None), _record(1, OOM, probe_node=name))
+        with pytest.raises(PlanInfeasibleError) as info:
+            await _end(Verdict(None, proof=1), *records)
+        assert info.value.node == name
+        assert f"node {name!r} compiled alone" in info.value.message
 
 
 @pytest.mark.anyio
@@ -164,7 +176,7 @@ async def test_not_proven_after_compiles_names_the_last_overflow_and_the_measure
     assert message.endswith(". The measurements suggest 6 devices.")
     assert info.value.hint == "rerun with --devices 6" and info.value.min_devices == 6
     assert info.value.device == 1 and "estimate's own words" not in message
-    probe = _record(2, OOM, probe="node 'conv'")
+    probe = _record(2, OOM, probe_node="conv")
     with pytest.raises(NotProvenError) as last_probe:
         await _end(Verdict(None, settled=settled), _record(0, first), probe)
     assert ", last node 'conv' compiled alone on one device (worst tile" in last_probe.value.message
@@ -178,6 +190,19 @@ async def test_not_proven_after_compiles_names_the_last_overflow_and_the_measure
     with pytest.raises(NotProvenError) as estimate:
         await _end(Verdict(None, settled=before))
     assert estimate.value.min_devices == 5
+
+
+@pytest.mark.anyio
+async def test_not_proven_after_an_overflow_that_named_no_device_says_so() -> None:
+    """A host-stream overflow (and a numberless one) names no device: the message says what ran
+    out and that no device was named, never "device None"."""
+    for kind, what in (("stream", "host-stream memory"), ("variables", "memory")):
+        lost = AttemptOutcome("oom", "Out of memory", oom=OomInfo(kind))  # type: ignore[arg-type]
+        with pytest.raises(NotProvenError) as info:
+            await _end(Verdict(None), _record(0, OOM), _record(1, lost))
+        message = info.value.message
+        assert f", last out of {what} on a device the compiler did not name;" in message
+        assert "None" not in message and info.value.device is None
 
 
 @pytest.mark.anyio

@@ -107,6 +107,21 @@ def test_an_overflow_without_a_device_retries_the_whole_compile() -> None:
     assert (after.amp, after.stage_amps) == (0.3, None)
 
 
+def test_an_overflow_without_a_device_at_the_lowest_level_says_none_is_left() -> None:
+    """Named no device at 0.3 (one level above the lowest), the retry is 0.1; at 0.1 none is left,
+    and the note says so, never a device or a gap it was not told."""
+    state = settled_after_overflow(replace(SETTINGS, amp_per_stage=False), None, 1.0)
+    state = overflow(start(state, retry(state)), None, 1.0)
+    last = retry(state)
+    assert (last.amp, last.of) == (0.1, 1)
+    ended = next_attempts(overflow(start(state, last), None, 1.0))
+    assert isinstance(ended, Verdict) and ended.kept is None
+    assert ended.note == (
+        "; no lower available_memory_proportion is left to try: attempt 2, whose overflow named "
+        "no device, ran at 0.1, the lowest"
+    )
+
+
 def test_a_whole_compile_retry_on_a_per_stage_attempt_lowers_every_stage_above_it() -> None:
     """The per-stage attempt is the one to build on (its overflow, naming no device, is the
     smaller); the global retry takes every stage down to its level, none stays at the default, and
