@@ -31,6 +31,9 @@ PROBE_VIEW = (StageView(0, 0.6, ((5, 6),)),)
         ("MatMul", (4, 128, 96), 16),
         ("MatMul", (8, 24), 8),
         ("MatMul", (8, 6), 2),
+        ("MatMul", (8, 2), 2),  # the fewest channels that still split
+        ("MatMul", (4, 96, 2), 2),  # the last axis, not the second nor the second to last
+        ("MatMul", (2, 7, 64), 16),
         ("MatMul", (8, 7), 0),
         ("MatMul", (8, 1), 0),
         ("MatMul", None, 0),

@@ -376,3 +376,102 @@ def test_an_optimal_perf_variant_is_compiled_only_when_its_calibrated_prediction
         start(SearchState(cfg, 1.15), first(SearchState(cfg, 1.15)), "a"), Finished(0, "ok")
     )
     assert not worth_compiling(unmeasured, variant, AttemptKey("b", 0.6), 0.1)
+
+
+# --- nested overflows at their edges (memory_model._nested) ------------------------------------
+
+
+def _nested(outer: Observation, inner: Observation, **kw: bool) -> tuple[tuple, ...]:
+    """The ``measured`` (priced between) entries of the model the two overflows imply."""
+    return content_model([outer, inner], amp=0.6, **kw).measured
+
+
+def test_nested_overflows_compiled_smaller_first_imply_the_same_model() -> None:
+    """The inner stage compiled first and the outer later (attempt order is the fold's order)."""
+    inner, outer = oom(0, stage(1, 0.4, 0, 50), 1.3), oom(1, stage(0, 0.8, 0, 100), 1.5)
+    model = content_model([inner, outer], amp=0.6)
+    ((between, rate),) = model.measured
+    assert between == ((50, 100),) and abs(rate - 0.2 * HEADROOM / 0.4) < 1e-9
+    assert [runs for runs, _ in model.patches] == [((0, 50),)] and model.fixed
+
+
+def test_stages_predicted_within_the_noise_are_one_reading_and_just_outside_two() -> None:
+    """Predicted shares exactly ``NOISE`` apart are two readings (nested: the nodes between are
+    priced); a hair closer, one reading (each stage keeps its own factor, none between)."""
+    low = 0.2
+    assert (low + NOISE) - low == NOISE  # exactly the noise apart in floating point
+    inner = oom(1, stage(1, low, 0, 90), 1.1)
+    assert _nested(oom(0, stage(0, low + NOISE, 0, 100), 1.3), inner)
+    assert not _nested(oom(0, stage(0, low + NOISE * 0.999, 0, 100), 1.3), inner)
+    closer = factors([oom(0, stage(0, low + NOISE * 0.999, 0, 100), 1.3), inner])
+    assert abs(closer[95] - 1.3 / (low + NOISE * 0.999) * HEADROOM) < 1e-9
+
+
+def test_readings_within_the_noise_are_one_reading_and_just_outside_two() -> None:
+    """Measured worst tiles just under ``NOISE`` apart say nothing about the nodes between; just
+    over, they price them. (Exactly ``NOISE`` apart cannot happen for two overflows: both are over
+    1, where doubles differ by multiples of 2**-52, which 0.03 is not.)"""
+    inner = oom(1, stage(1, 0.4, 0, 50), 1.2)
+    assert not _nested(oom(0, stage(0, 0.8, 0, 100), 1.2 + NOISE * 0.999), inner)
+    assert _nested(oom(0, stage(0, 0.8, 0, 100), 1.2 + NOISE * 1.001), inner)
+
+
+def test_the_nodes_between_nested_stages_are_priced_net_of_their_code() -> None:
+    """Code is not scaled: the rate between is the readings' difference less the code the outer
+    stage holds beyond the inner's, over the rest of the bytes between."""
+    outer, inner = (
+        oom(0, stage(0, 1.0, 0, 100, code=0.3), 1.6),
+        oom(1, stage(1, 0.5, 0, 50, code=0.2), 1.2),
+    )
+    ((_, rate),) = _nested(outer, inner, exact=True)
+    assert abs(rate - ((1.6 - 1.2) - (0.3 - 0.1)) / (0.7 - 0.4)) < 1e-12
+
+
+def test_a_larger_stage_that_measured_no_more_prices_nothing_between() -> None:
+    """The outer stage's reading, net of its extra code, is no more than the inner's: no rate (a
+    rate of 0 or less would make the nodes between free); each stage keeps its own factor."""
+    outer, inner = oom(0, stage(0, 1.0, 0, 100), 1.1), oom(1, stage(1, 0.5, 0, 50), 1.3)
+    assert not _nested(outer, inner)
+    f = factors([outer, inner])
+    assert abs(f[75] - 1.1 * HEADROOM) < 1e-9 and abs(f[25] - 1.3 / 0.5 * HEADROOM) < 1e-9
+    # exactly nothing net of code (1.5 - 1.25 == 1.0 * 0.5 - 0.5 * 0.5, every number exact)
+    even = (
+        oom(0, stage(0, 1.0, 0, 100, code=0.5), 1.5),
+        oom(1, stage(1, 0.5, 0, 50, code=0.5), 1.25),
+    )
+    assert not _nested(*even, exact=True)
+
+
+def test_an_overflow_without_a_number_is_never_nested() -> None:
+    """A device named without bytes has no reading to difference: it stands alone."""
+    outer, inner = (
+        Observation(0, stage(0, 0.8), False, None, 0.6),
+        oom(1, stage(1, 0.4, 0, 50), 1.3),
+    )
+    assert not _nested(outer, inner) and not _nested(inner, outer)
+    assert content_model([outer, inner], amp=0.6).patches
+
+
+def test_the_same_nodes_overflowing_twice_price_nothing_between() -> None:
+    """One stage's nodes compiled twice (planned at other factors, so other predictions) leave no
+    nodes between: both readings patch those nodes, no rate or fixed cost is made up."""
+    first, again = oom(0, stage(0, 0.8, 0, 100), 1.5), oom(1, stage(1, 0.6, 0, 100), 1.3)
+    model = content_model([first, again], amp=0.6)
+    assert not model.measured and not model.fixed and len(model.patches) == 2
+
+
+def test_only_the_plan_itself_finding_no_split_settles_or_drops_the_margin() -> None:
+    """A speculative margin, a probe or the roomy check finding no split says nothing of the plan
+    at the search's margin: the margin stays, nothing is ruled out or settled."""
+    state = SearchState(SETTINGS, 1.15)
+    state = start(state, first(state), "a")
+    spec = next_attempts(state)[1]  # type: ignore[index]
+    assert spec.kind == "speculative"
+    after = learn(state, Unplanned(spec, NoSplitError("none at margin 1.3")))
+    assert (after.margin, after.ruled_out, after.settled, after.no_split) == (
+        1.15,
+        False,
+        None,
+        None,
+    )
+    assert spec in after.asked

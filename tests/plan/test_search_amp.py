@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sharderd.errors import NoSplitError
+from sharderd.plan.amp_retry import cap_too_small
 from sharderd.plan.observations import AttemptKey, OomInfo, StageView, observe
 from sharderd.plan.perf import worth_compiling
 from sharderd.plan.search import (
@@ -153,3 +154,14 @@ def test_a_key_says_which_amp_each_device_had() -> None:
     plain = AttemptKey("d", 0.6)
     assert (plain.amp_on(1), plain.lowest) == (0.6, 0.6)
     assert key != plain
+
+
+def test_the_note_on_a_cap_too_small_gives_what_it_takes_off_and_the_gap() -> None:
+    """From 0.6 down to 0.1 at most 50% of a tile comes off; 1.7 is 70% over. A cap not below the
+    level takes nothing off (never a negative share)."""
+    assert cap_too_small(0.1, 0.6, 2, "attempt 3", 1.7) == (
+        "; a lower available_memory_proportion was not tried: it caps conv/matmul temporaries per "
+        "tile, and even at 0.1 it takes at most 50% of a tile off device 2's worst tile "
+        "(attempt 3), which is 70% over"
+    )
+    assert "takes at most 0% of a tile off" in cap_too_small(0.3, 0.1, 0, "x", 1.2)

@@ -22,6 +22,14 @@ def test_only_nodes_over_a_device_are_cut_into_the_fewest_pieces() -> None:
         assert per_node[node] / k <= 1000.0 * PIECE_SHARE < per_node[node] / (k - 1)
 
 
+def test_a_node_exactly_a_device_is_left_whole_and_one_over_is_cut() -> None:
+    """The weights exactly a device's are not over it; a byte more is, into the fewest pieces
+    (3 at ``PIECE_SHARE`` 0.5), even when that is exactly as many as the node can be cut into."""
+    assert choose_pieces(np.array([1000.0]), np.array([10]), capacity=1000.0) == {}
+    assert choose_pieces(np.array([1001.0]), np.array([3]), capacity=1000.0) == {0: 3}
+    assert choose_pieces(np.array([1001.0]), np.array([2]), capacity=1000.0) == {}
+
+
 def test_a_node_that_cannot_be_split_enough_is_left_to_the_proof() -> None:
     assert choose_pieces(np.array([5000.0]), np.array([0]), capacity=1000.0) == {}
     assert choose_pieces(np.array([5000.0]), np.array([3]), capacity=1000.0) == {}
