@@ -15,6 +15,7 @@ from sharderd.plan.perf import worth_compiling
 from sharderd.plan.search import (
     Attempt,
     Finished,
+    Planned,
     SearchState,
     Settings,
     Started,
@@ -306,7 +307,10 @@ def test_a_probe_out_of_host_stream_memory_proves_nothing() -> None:
     there is the probe's own, no proof; a tile overflow is the proof."""
     stream = learn(_with_probe(), Finished(1, "oom", oom="stream"))
     assert stream.proof is None and not isinstance(next_attempts(stream), Verdict)
-    assert "host-stream memory" in "".join(stream.doubts)
+    assert stream.doubts == (
+        "; the probe (attempt 1) ran out of host-stream memory, and it feeds the node's inputs "
+        "from the host as no split does, so that proves nothing",
+    )
     tile = learn(_with_probe(), Finished(1, "oom", oom="tile"))
     assert tile.proof == 1 and next_attempts(tile) == Verdict(None, proof=1)
 
@@ -475,3 +479,99 @@ def test_only_the_plan_itself_finding_no_split_settles_or_drops_the_margin() -> 
         None,
     )
     assert spec in after.asked
+
+
+# --- learn: each event's effect on the state ------------------------------------------------------
+
+
+def test_a_planned_split_is_approved_once_and_started_next_a_tried_one_re_plans() -> None:
+    """``Planned``: asked, and approved when worth a compile (``next_attempts`` offers it alone
+    until it starts, which clears it); a split already compiled is refused like an unplanned one
+    (the last overflow grows), never approved."""
+    state = SearchState(SETTINGS, 1.15)
+    plan = first(state)
+    planned = Planned(plan, AttemptKey("a", 0.6), 2.0)
+    approved = learn(state, planned)
+    assert approved.approved == planned and plan in approved.asked
+    assert next_attempts(approved) == (planned,)
+    running = learn(approved, Started(0, plan, planned.key, 2.0))
+    assert running.approved is None and running.attempts[0].predicted_s == 2.0
+    state = learn(running, overflow(0, 1, 1.1))
+    replan = first(state)
+    again = learn(state, Planned(replan, AttemptKey("a", 0.6), 2.0))  # the same split again
+    assert again.approved is None and replan in again.asked
+    assert again.escalations == 1 and again.scales() == (1.0, HEADROOM)
+
+
+def test_a_finished_compile_keeps_its_outcome_period_rate_and_what_ran_out() -> None:
+    state = start(SearchState(SETTINGS, 1.15), first(SearchState(SETTINGS, 1.15)), "a")
+    done = learn(state, Finished(0, "ok", period_s=0.5, throughput=8.0)).attempts[0]
+    assert (done.outcome, done.period_s, done.throughput, done.oom) == ("ok", 0.5, 8.0, None)
+    over = learn(state, Finished(0, "oom", oom="stream")).attempts[0]
+    assert (over.outcome, over.oom) == ("oom", "stream")
+
+
+def test_an_invalid_compile_ends_the_search_as_its_cause_unless_a_plan_compiled() -> None:
+    """Stages that disagree with the model end it at once (``verification``), even after a fit;
+    any other rejection only while no plan compiled; the first failure is the one kept."""
+    state = SearchState(replace(SETTINGS, speculative_margins=(), probe=False), 1.15)
+    state = start(start(state, first(state), "a"), replace(first(state), label="b"), "b")
+    bad = learn(state, Finished(0, "invalid", cause="verification"))
+    assert bad.failed == ("verification", 0) and next_attempts(bad) == Verdict(
+        None, failed=("verification", 0)
+    )
+    rejected = learn(state, Finished(0, "invalid", cause="rejected"))
+    assert rejected.failed == ("rejected", 0)
+    assert learn(rejected, Finished(1, "invalid", cause="verification")).failed == ("rejected", 0)
+    fitted = learn(state, Finished(1, "ok"))
+    assert learn(fitted, Finished(0, "invalid", cause="rejected")).failed is None
+    assert learn(fitted, Finished(0, "invalid", cause="verification")).failed == (
+        "verification",
+        0,
+    )
+
+
+def test_measured_node_times_are_kept_once_and_only_to_calibrate() -> None:
+    times = (("n", 0.5),)
+    plain = start(SearchState(SETTINGS, 1.15), first(SearchState(SETTINGS, 1.15)), "a")
+    assert learn(plain, Finished(0, "ok", node_times=times)).measured_times is None
+    cfg = replace(SETTINGS, calibrate=True)
+    state = start(SearchState(cfg, 1.15), first(SearchState(cfg, 1.15)), "a")
+    assert learn(state, Finished(0, "ok")).measured_times is None
+    kept = learn(state, Finished(0, "ok", node_times=times))
+    assert kept.measured_times == times
+    later = replace(kept, attempts=(*kept.attempts, replace(kept.attempts[0], index=1)))
+    assert learn(later, Finished(1, "ok", node_times=(("n", 9.0),))).measured_times == times
+
+
+def test_a_running_plan_predicted_no_faster_than_the_fit_is_not_waited_for() -> None:
+    state = SearchState(SETTINGS, 1.15)
+    state = start(state, first(state), "a", predicted_s=1.0)
+    spec = next_attempts(state)[1]  # type: ignore[index]
+    state = start(state, spec, "b", predicted_s=1.0)
+    assert next_attempts(learn(state, Finished(0, "ok"))) == Verdict(0)
+
+
+def test_with_the_budget_spent_a_running_compile_is_waited_for() -> None:
+    cfg = replace(SETTINGS, max_attempts=1, probe=False, speculative_margins=())
+    state = start(SearchState(cfg, 1.15), first(SearchState(cfg, 1.15)), "a")
+    assert next_attempts(state) == ()
+    end = next_attempts(learn(state, overflow(0, 0, 1.2)))
+    assert isinstance(end, Verdict) and end.kept is None and not end.capped  # not ruled out
+
+
+def test_the_verdict_s_note_is_every_doubt_then_the_amp_note_in_order() -> None:
+    state = replace(SearchState(SETTINGS, 1.15), doubts=("; one", "; two"))
+    assert verdict(state).note == "; one; two"
+
+
+def test_a_stage_of_code_alone_is_hopeless_only_when_it_measured_more_than_its_code() -> None:
+    """Nothing but code (a per-node constant) in the stage: no factor on bytes explains more than
+    the code, so that is hopeless; a reading at or under the code needs no factor at all."""
+    code_only = oom(0, stage(0, 0.8, code=1.0), 1.2)
+    assert stage_factor(code_only, 0.8 + 1e-9) >= 1e6
+    assert stage_factor(code_only, 0.8) == 1.0 and stage_factor(code_only, 0.5) == 1.0
+
+
+def test_a_stage_that_measured_under_its_prediction_gets_a_factor_under_one() -> None:
+    assert abs(stage_factor(oom(0, stage(0, 2.0), 1.2), 1.2) - 0.6) < 1e-12

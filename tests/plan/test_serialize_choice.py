@@ -68,3 +68,13 @@ def test_a_rewrite_is_kept_only_when_the_bottleneck_drops_by_more_than_a_tenth()
     assert worth_keeping(1.0, 0.8999)
     assert not worth_keeping(1.0, 1.0)
     assert not worth_keeping(1.0, 2.0)
+
+
+def test_a_node_exactly_at_the_floor_is_left_whole_and_two_pieces_is_a_split() -> None:
+    """In seconds, as the planner gives them (every cost far under 1): node 1 at exactly the
+    balanced share W / devices holds nothing up; node 2 just over it is cut, into at most the 2
+    pieces it can be cut into; with every node splittable the floor is that share alone."""
+    node_s = np.array([1e-6, 5e-6, 5.5e-6, 8.5e-6])  # W = 20 µs, 4 devices: 5 µs each
+    rows = np.array([0, 64, 2, 64])
+    assert bottleneck_pieces(node_s, 20e-6, 4, rows) == {2: 2, 3: 2}
+    assert bottleneck_pieces(node_s, 20e-6, 4, np.full(4, 64)) == {2: 2, 3: 2}
