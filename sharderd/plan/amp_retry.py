@@ -9,7 +9,10 @@ text names one device, so the retry lowers that device's stage alone by the clos
 the stage's own current cap) and every other stage keeps its level. It builds on the latest
 per-stage retry; when that one overflowed on a device it had not lowered, the overflow is not one
 stage's, and every stage still above the new level goes down to it (one compile, not one per
-stage). An overflow naming no device leaves the decision to the global retry.
+stage). An overflow naming no device leaves the decision to the global retry, and so does the
+last compile the budget allows (``SearchState.budget``): a per-stage retry bets that the other
+stages fit at their level, and a compile after it would be needed to lower the next device that
+overflows, so the last one lowers every stage.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ def amp_retry(s: SearchState) -> tuple[Attempt | None, str]:
     ]
     if not ooms:
         return None, ""
-    if cfg.amp_per_stage and (staged := stage_retry(s, ooms)) is not None:
+    last = len(s.attempts) + 1 >= s.budget()  # no compile left to lower the next device
+    if cfg.amp_per_stage and not last and (staged := stage_retry(s, ooms)) is not None:
         return staged
     lowest = min(a.key.amp for _, a in ooms)
     o, base = min(

@@ -247,3 +247,17 @@ def test_a_lower_level_closes_a_gap_exactly_its_difference_and_the_same_level_no
     assert amp_closing(1.25, 0.5, (0.25,)) == 0.25  # 1.25 - 0.25 is exactly 1: it fits
     assert amp_closing(1.0, 0.6, (0.6, 0.3)) == 0.3  # the current level is no retry
     assert amp_closing(1.0, 0.6, (0.6,)) is None
+
+
+def test_the_last_compile_the_budget_allows_lowers_every_stage() -> None:
+    """Ruled out before any compile (2 compiles): after the first overflow on device 1 the second
+    is the last, so its AMP retry lowers every stage (no compile would be left to lower the next
+    device that overflows); one compile more in the budget, and it lowers stage 1 alone."""
+    state = replace(settled_after_overflow(SETTINGS, 1, 1.2), ruled_out=True)
+    assert state.budget() == 2 and len(state.attempts) == 1
+    last = retry(state)
+    assert (last.amp, last.stage_amps, last.label) == (0.3, None, "available_memory_proportion 0.3")
+    roomy = retry(replace(state, settings=replace(SETTINGS, max_attempts=3), ruled_out=False))
+    assert (roomy.amp, roomy.stage_amps) == (0.6, (0.6, 0.3))
+    at_three = replace(state, settings=replace(SETTINGS, max_attempts=2), ruled_out=False)
+    assert retry(at_three).stage_amps is None  # --max-attempts 2: the same last compile
