@@ -84,9 +84,11 @@ async def ending(
         f"#{a.index} {a.outcome.outcome if a.outcome else 'cancelled'}" for a in attempts
     )
     last = next((a.outcome for a in reversed(attempts) if a.outcome is not None), None)
-    detail = ""
+    said = ""
     if last is not None:
-        detail = f"; last: {last.message.splitlines()[0] if last.message else ''} {last.stderr_tail[-300:].strip()}"
+        first = last.message.splitlines()[0] if last.message else ""
+        said = " ".join(part for part in (first, last.stderr_tail[-300:].strip()) if part)
+    detail = f"; last: {said}" if said else ""
     raise CompileFailedError(
         f"no plan compiled after {len(attempts)} attempt(s) ({outcomes}){detail}",
         hint="see report.json attempts[] for each outcome; raise attempt_timeout if compiles time out",

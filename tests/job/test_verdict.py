@@ -222,3 +222,116 @@ async def test_not_proven_with_no_device_count_says_what_to_change() -> None:
         )
     assert "suggest" not in info.value.message and info.value.min_devices is None
     assert info.value.hint is not None and info.value.hint.startswith("no split fits the fitted")
+
+
+@pytest.mark.anyio
+async def test_a_kept_plan_carries_every_attempt_and_a_contradiction_names_the_devices() -> None:
+    records = (_record(0, AttemptOutcome("ok")), _record(1, OOM, probe_node="conv"))
+    result = await _end(Verdict(0, contradiction=1), *records)
+    assert result.attempts == records
+    assert result.contradiction is not None
+    assert result.contradiction.proof.startswith("the model does not fit on 4 × ipu-mk2: ")
+
+
+@pytest.mark.anyio
+async def test_the_probe_proof_says_the_devices_the_hint_and_a_serialized_factor() -> None:
+    serial = _record(1, OOM, probe_node="mm")
+    serial.key = AttemptKey("probe:mm", 0.1, serialize=(("mm", 8),))
+    with pytest.raises(PlanInfeasibleError) as info:
+        await _end(Verdict(None, proof=1), _record(0, None), serial)
+    err = info.value
+    assert err.message.startswith("the model does not fit on 4 × ipu-mk2: node 'mm' compiled alone")
+    assert (
+        "at available_memory_proportion 0.1 even with its matmul serialized ×8 "
+        "(__serialize_matmul_mode output_channels, the most pieces sharderd asks for) (attempt 1)"
+    ) in err.message
+    assert err.hint == "reduce batch_size or the op's size, or use a target with more memory"
+    numberless = _record(1, AttemptOutcome("oom", "Out of memory"), probe_node="mm")
+    with pytest.raises(PlanInfeasibleError) as plain:
+        await _end(Verdict(None, proof=1), _record(0, None), numberless)
+    assert plain.value.device is None and "worst tile" not in plain.value.message
+
+
+@pytest.mark.anyio
+async def test_no_plan_compiled_lists_each_outcome_and_the_last_message() -> None:
+    records = (
+        _record(
+            0, AttemptOutcome("crashed", "segfault in poplar\nmore", stderr_tail="core dumped  ")
+        ),
+        _record(1, None),
+        _record(2, AttemptOutcome("timeout", "")),
+    )
+    with pytest.raises(CompileFailedError) as info:
+        await _end(Verdict(None), *records)
+    assert info.value.message == (
+        "no plan compiled after 3 attempt(s) (#0 crashed, #1 cancelled, #2 timeout)"
+    )
+    assert info.value.hint == (
+        "see report.json attempts[] for each outcome; raise attempt_timeout if compiles time out"
+    )
+    with pytest.raises(CompileFailedError) as first:
+        await _end(Verdict(None), records[0], records[1])
+    assert first.value.message.endswith("; last: segfault in poplar core dumped")
+    with pytest.raises(CompileFailedError) as none:
+        await _end(Verdict(None), records[1])
+    assert none.value.message == "no plan compiled after 1 attempt(s) (#1 cancelled)"
+
+
+@pytest.mark.anyio
+async def test_a_rejected_compile_s_hint_points_at_the_full_text() -> None:
+    rejected = _record(0, AttemptOutcome("invalid", "bad attribute\nline 2", cause="rejected"))
+    with pytest.raises(CompileFailedError) as info:
+        await _end(Verdict(None, failed=("rejected", 0)), rejected)
+    assert info.value.message == "the poprt backend rejected the sharded model: bad attribute"
+    assert info.value.hint == "see report.json attempts[].message for the full compiler text"
+    with pytest.raises(CompileFailedError) as bare:
+        await _end(Verdict(None, failed=("rejected", 0)), _record(0, None))
+    assert bare.value.message == "the poprt backend rejected the sharded model: no message"
+
+
+@pytest.mark.anyio
+async def test_not_proven_carries_the_settled_shortfall_and_a_rerun_only_with_a_count() -> None:
+    settled = NotProvenError("the estimate", short_bytes=4096)
+    with pytest.raises(NotProvenError) as info:
+        await _end(Verdict(None, settled=settled), _record(0, OOM))
+    assert info.value.short_bytes == 4096 and info.value.reruns == ({"devices": 6},)
+    with pytest.raises(NotProvenError) as capped:
+        await _end(Verdict(None, capped=True), _record(0, OOM))
+    assert (
+        "; the estimate with the safety margin ruled every split out before any compile, so at "
+        "most 2 compiles are tried: the split closest to fitting, then one its overflow left room "
+        "for." in capped.value.message
+    )
+    assert capped.value.short_bytes is None
+
+    async def none() -> int | None:
+        return None
+
+    with pytest.raises(NotProvenError) as nothing:
+        await ending(
+            (_record(0, OOM),),
+            Verdict(None),
+            devices=4,
+            target=TARGET,
+            backend="poprt",
+            max_attempts=8,
+            fewest=none,
+        )
+    assert nothing.value.reruns == () and nothing.value.message.endswith("is spent.")
+    assert nothing.value.hint == (
+        "no split fits the fitted model on any number of devices the model has nodes for: "
+        "reduce the batch or the model, or use a target with more memory"
+    )
+
+
+@pytest.mark.anyio
+async def test_the_worst_tile_needs_its_bytes_and_falls_back_to_the_target_s_tile() -> None:
+    no_bytes = AttemptOutcome("oom", "Out of memory", oom=OomInfo("tile", 1, 3, None, TILE))
+    no_tile = AttemptOutcome("oom", "Out of memory", oom=OomInfo("tile", 1, 3, TILE + 1, None))
+    for outcome, expected in (
+        (no_bytes, ", last on device 1;"),
+        (no_tile, "(worst tile 624.00 KiB of 624.00 KiB);"),
+    ):
+        with pytest.raises(NotProvenError) as info:
+            await _end(Verdict(None), _record(0, outcome))
+        assert expected in info.value.message
