@@ -93,9 +93,9 @@ class AttemptRecord:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     cancelled_because: str | None = None
     """Why the attempt was stopped before it finished (a better plan compiled, the job stopped)."""
-    probe: str | None = None
-    """Set for a probe, saying what was compiled alone on one device ("node 'x'", "stage 3 of
-    attempt 0"): evidence about memory, never a result."""
+    probe_node: str | None = None
+    """Set for a probe: the node compiled alone on one device (evidence about memory, never a
+    result)."""
     serializable: tuple[str, int] | None = None
     """A probe's MatMul that PopART could serialize: (node, the factor to retry it with)."""
 

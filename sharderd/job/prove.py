@@ -286,11 +286,10 @@ class Prover:
         if found is None:
             return None
         self.emit("probe.planned", {"node": found.name, "need": round(found.need, 4)})
-        what = f"node {found.name!r}"
         serial = dict(attempt.serialize).get(found.name)
         return AttemptRecord(
             index=index,
-            label=f"probe: {what} alone on one device"
+            label=f"probe: node {found.name!r} alone on one device"
             + (f", matmul serialized ×{serial}" if serial else ""),
             key=AttemptKey(f"probe:{found.name}", attempt.amp, serialize=attempt.serialize),
             margin=1.0,
@@ -301,7 +300,7 @@ class Prover:
             model=found.model,
             directory=self.workdir / f"attempt-{index}",
             request=None,
-            probe=what,
+            probe_node=found.name,
             serializable=(found.name, found.serial_factor) if found.serial_factor else None,
         )
 
@@ -313,7 +312,7 @@ class Prover:
         return directory
 
     async def _run_one(self, record: AttemptRecord, send: Outcomes) -> None:
-        probe, poprt = record.probe is not None, self.backend == "poprt"
+        probe, poprt = record.probe_node is not None, self.backend == "poprt"
         options = attempt_options(
             self.backend,
             self.config,

@@ -36,15 +36,14 @@ def probe_proof(record: AttemptRecord, devices: int, target: Target) -> PlanInfe
         for _, k in record.key.serialize
     )
     error = PlanInfeasibleError(
-        f"the model does not fit on {devices} × {target.name}: {record.probe} compiled alone on one "
+        f"the model does not fit on {devices} × {target.name}: node {record.probe_node!r} compiled alone on one "
         f"device at available_memory_proportion {record.key.amp:g}{serial} (attempt {record.index}) ran out "
         f"of memory{_worst_tile(oom, target)}, and every split holds it on some device, so no number of devices helps",
         grounds="probe",
         hint="reduce batch_size or the op's size, or use a target with more memory",
         device=None if oom is None else oom.device,
     )
-    name = record.probe or ""
-    error.node = name.removeprefix("node ").strip("'\"") or None
+    error.node = record.probe_node
     return error
 
 
@@ -85,9 +84,11 @@ async def ending(
         f"#{a.index} {a.outcome.outcome if a.outcome else 'cancelled'}" for a in attempts
     )
     last = next((a.outcome for a in reversed(attempts) if a.outcome is not None), None)
-    detail = ""
+    said = ""
     if last is not None:
-        detail = f"; last: {last.message.splitlines()[0] if last.message else ''} {last.stderr_tail[-300:].strip()}"
+        first = last.message.splitlines()[0] if last.message else ""
+        said = " ".join(part for part in (first, last.stderr_tail[-300:].strip()) if part)
+    detail = f"; last: {said}" if said else ""
     raise CompileFailedError(
         f"no plan compiled after {len(attempts)} attempt(s) ({outcomes}){detail}",
         hint="see report.json attempts[] for each outcome; raise attempt_timeout if compiles time out",
@@ -135,9 +136,14 @@ async def _not_proven(
     worst = ooms[-1]
     oom = worst.outcome.oom if worst.outcome else None
     over = _worst_tile(oom, target)
-    where = f", last on device {oom.device}{over}" if oom is not None else ""
-    if worst.probe is not None:
-        where = f", last {worst.probe} compiled alone on one device{over}"
+    where = ""
+    if oom is not None:
+        where = f", last on device {oom.device}{over}"
+        if oom.device is None:
+            kind = "host-stream memory" if oom.kind == "stream" else "memory"
+            where = f", last out of {kind} on a device the compiler did not name"
+    if worst.probe_node is not None:
+        where = f", last node {worst.probe_node!r} compiled alone on one device{over}"
     if capped:
         why = (
             "; the estimate with the safety margin ruled every split out before any compile, so "

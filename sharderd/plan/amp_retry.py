@@ -9,7 +9,10 @@ text names one device, so the retry lowers that device's stage alone by the clos
 the stage's own current cap) and every other stage keeps its level. It builds on the latest
 per-stage retry; when that one overflowed on a device it had not lowered, the overflow is not one
 stage's, and every stage still above the new level goes down to it (one compile, not one per
-stage). An overflow naming no device leaves the decision to the global retry.
+stage). An overflow naming no device leaves the decision to the global retry, and so does the
+last compile the budget allows (``SearchState.budget``): a per-stage retry bets that the other
+stages fit at their level, and a compile after it would be needed to lower the next device that
+overflows, so the last one lowers every stage.
 """
 
 from __future__ import annotations
@@ -46,19 +49,26 @@ def amp_retry(s: SearchState) -> tuple[Attempt | None, str]:
     ]
     if not ooms:
         return None, ""
-    if cfg.amp_per_stage and (staged := stage_retry(s, ooms)) is not None:
+    last = len(s.attempts) + 1 >= s.budget()  # no compile left to lower the next device
+    if cfg.amp_per_stage and not last and (staged := stage_retry(s, ooms)) is not None:
         return staged
     lowest = min(a.key.amp for _, a in ooms)
     o, base = min(
         ((o, a) for o, a in ooms if a.key.amp == lowest), key=lambda oa: overflow_need(oa[0])
     )
     need = overflow_need(o)
-    amp = amp_closing(need, lowest, cfg.fallbacks)
-    if o.stage is None:
+    if o.stage is None:  # no device, so no bytes to judge by: the next level down, if any
         amp = max((a for a in cfg.fallbacks if a < lowest), default=None)
-    if amp is None:
-        where = f"attempt {base.index}"
-        return None, cap_too_small(min(cfg.fallbacks), lowest, o.device, where, need)
+        if amp is None:
+            return None, (
+                f"; no lower available_memory_proportion is left to try: attempt {base.index}, "
+                f"whose overflow named no device, ran at {lowest:g}, the lowest"
+            )
+    else:
+        amp = amp_closing(need, lowest, cfg.fallbacks)
+        if amp is None:
+            where = f"attempt {base.index}"
+            return None, cap_too_small(min(cfg.fallbacks), lowest, o.stage.device, where, need)
     own = under_global(base.attempt.stage_amps, amp)
     if AttemptKey(base.key.digest, amp, own, base.key.serialize) in s.tried():
         return None, ""
@@ -112,7 +122,7 @@ def under_global(stage_amps: tuple[float, ...] | None, amp: float) -> tuple[floa
     return capped if any(a < amp for a in capped) else None
 
 
-def cap_too_small(cap: float, amp: float, device: int | None, where: str, need: float) -> str:
+def cap_too_small(cap: float, amp: float, device: int, where: str, need: float) -> str:
     """Why no lower AMP was tried on an overflow (for the "not proven" message): going from
     ``amp`` down to ``cap`` takes at most their difference off a tile, short of ``need``."""
     return (

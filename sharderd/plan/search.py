@@ -18,6 +18,7 @@ from sharderd.plan.memory_model import HEADROOM
 from sharderd.plan.perf import PERF_BAND, perf_variants, worth_compiling
 from sharderd.plan.probe import learned, serial_probe, why_no_proof
 from sharderd.plan.search_state import (
+    RULED_OUT,
     Attempt,
     Finished,
     Planned,
@@ -45,14 +46,6 @@ __all__ = [
     "next_attempts",
     "verdict",
 ]
-
-RULED_OUT = 2
-"""Compiles a job gets when the estimate with the safety margin had no split before any: the
-split the estimate without the margin finds closest to fitting, then one more only where the
-first's overflow leaves room for a fit (a re-plan or a verdict check the measured model allows, or
-an AMP that can close the gap), the probe counted among them. The estimate is wrong by the margin
-at most on the splits compiles confirm it on; one measurement, then one split that it allows, is
-what a compile can decide, and a longer search there rarely ends in a fit (BENCHMARKS.md)."""
 
 
 def learn(state: SearchState, event: Planned | Started | Finished | Unplanned) -> SearchState:
@@ -143,19 +136,11 @@ def next_attempts(state: SearchState) -> tuple[Attempt | Planned, ...] | Verdict
             return ()  # a re-plan on measured times, or a plan predicted faster, may beat it
         return verdict(s)
     proposals: tuple[Attempt, ...] = ()
-    if len(s.attempts) < _budget(s):
+    if len(s.attempts) < s.budget():
         proposals = tuple(a for a in _proposals(s, best) if a not in s.asked)
     if proposals or running:
         return proposals
     return verdict(s)
-
-
-def _budget(s: SearchState) -> int:
-    """Compiles the search may start: ``--max-attempts``, or ``RULED_OUT`` when the estimate had
-    no split before any compile and no compile has fitted since."""
-    if s.ruled_out and s.best() is None:
-        return min(RULED_OUT, s.settings.max_attempts)
-    return s.settings.max_attempts
 
 
 def _proposals(s: SearchState, best: Started | None) -> tuple[Attempt, ...]:
@@ -212,5 +197,5 @@ def verdict(state: SearchState) -> Verdict:
     if state.failed is not None:
         return Verdict(None, failed=state.failed)
     note = "".join(state.doubts) + amp_retry(state)[1]
-    capped = state.ruled_out and len(state.attempts) >= _budget(state)
+    capped = state.ruled_out and len(state.attempts) >= state.budget()
     return Verdict(None, settled=state.settled, note=note, capped=capped)

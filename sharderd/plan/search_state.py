@@ -14,6 +14,7 @@ from sharderd.plan.memory_model import UNKNOWN_OVER, content_model
 from sharderd.plan.observations import AttemptKey, Observation, OomKind, Serialization
 
 __all__ = [
+    "RULED_OUT",
     "Attempt",
     "Failure",
     "Finished",
@@ -31,6 +32,15 @@ Kind = Literal["plan", "speculative", "roomy", "verdict", "probe", "amp", "perf"
 Failure = Literal["verification", "rejected"]
 """Why a compile ends the search without a result: the stages disagree with the model
 (``verification``), or the backend rejected the sharded model before any plan compiled."""
+
+
+RULED_OUT = 2
+"""Compiles a job gets when the estimate with the safety margin had no split before any: the
+split the estimate without the margin finds closest to fitting, then one more only where the
+first's overflow leaves room for a fit (a re-plan or a verdict check the measured model allows, or
+an AMP that can close the gap), the probe counted among them. The estimate is wrong by the margin
+at most on the splits compiles confirm it on; one measurement, then one split that it allows, is
+what a compile can decide, and a longer search there rarely ends in a fit (BENCHMARKS.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +170,7 @@ class SearchState:
     proof: int | None = None
     failed: tuple[Failure, int] | None = None
     ruled_out: bool = False
-    """The estimate with the safety margin had no split before any compile (``search.RULED_OUT``)."""
+    """The estimate with the safety margin had no split before any compile (``RULED_OUT``)."""
     doubts: tuple[str, ...] = ()
     """Why an overflow that looked like a proof is none, for the "not proven" message."""
     measured_times: tuple[tuple[str, float], ...] | None = None
@@ -180,6 +190,13 @@ class SearchState:
         blind = sum(1 for o in self.overflows() if o.stage is None and o.amp == amp)
         extra = self.escalation or (1.0,) * self.settings.devices
         return tuple(UNKNOWN_OVER**blind * e for e in extra)
+
+    def budget(self) -> int:
+        """Compiles the search may start: ``--max-attempts``, or ``RULED_OUT`` when the estimate
+        had no split before any compile and no compile has fitted since."""
+        if self.ruled_out and self.best() is None:
+            return min(RULED_OUT, self.settings.max_attempts)
+        return self.settings.max_attempts
 
     def running(self) -> tuple[Started, ...]:
         return tuple(a for a in self.attempts if a.outcome is None)

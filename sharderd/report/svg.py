@@ -371,7 +371,11 @@ def attempt_note(attempt: Mapping[str, Any], *, short: bool = False) -> str:
         )
     corr = attempt.get("correction")
     if corr:
-        d = int(corr["device"])
-        before, after = corr["scale_before"][d], corr["scale_after"][d]
-        parts.append(f"{'' if short else f'device {d} '}memory × {before:.3g} → {after:.3g}")
+        d = corr.get("device")
+        if d is None:  # an overflow that named no device scales every device's memory
+            grown = corr["scale_after"][0] / corr["scale_before"][0]
+            parts.append(f"{'' if short else 'every device '}memory ×{grown:.3g}")
+        else:
+            before, after = corr["scale_before"][int(d)], corr["scale_after"][int(d)]
+            parts.append(f"{'' if short else f'device {d} '}memory × {before:.3g} → {after:.3g}")
     return "; ".join(parts)

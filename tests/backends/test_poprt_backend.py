@@ -614,7 +614,9 @@ class TestWorker:
     def test_ok_with_benchmark(self, tmp_path: Path) -> None:
         """A valid 2-IPU pipelined model compiles to a PopEF and is timed: latency one batch at a
         time, throughput with batches queued, so two equal stages deliver about twice the rate a
-        lone batch's latency implies (each fake stage takes 3 ms here, far above sleep jitter)."""
+        lone batch's latency implies (each fake stage takes 3 ms here, far above sleep jitter).
+        A sleep is never shorter than asked but a loaded machine stretches it, so the latency's
+        lower edge is tight and its upper one only rules out counting the runs or the batch."""
         request = request_for(
             tmp_path, chain([16, 16, 16], [0, 1]), benchmark=True, warmup=2, runs=12, batch_size=4
         )
@@ -625,7 +627,7 @@ class TestWorker:
         assert outcome.artifact == request.artifact and Path(request.artifact).is_file()
         bench = outcome.benchmark
         assert bench is not None and bench.runs == 12 and bench.spread_s >= 0
-        assert bench.latency_s == pytest.approx(6e-3, rel=0.5)
+        assert 6e-3 * 0.95 <= bench.latency_s < 6e-3 * 4
         assert bench.in_flight >= 4  # two stages, each filled twice over
         assert bench.throughput_per_s > 1.5 * 4 / bench.latency_s
         assert outcome.duration_s > 0
@@ -717,7 +719,7 @@ class TestWorker:
         argv = [sys.executable, "-m", "sharderd.backends.worker", str(req), str(res)]
         with subprocess.Popen(argv, env=environ, stderr=subprocess.PIPE) as proc:
             try:
-                ready, _, _ = select.select([reader], [], [], 30)
+                ready, _, _ = select.select([reader], [], [], 180)  # a loaded machine's start-up
                 assert ready, "the fake never logged its compile"
                 record = json.loads(os.read(reader, 65536).decode().splitlines()[0])
                 assert record["result"] == "hang"

@@ -65,16 +65,8 @@ def _plan(fan: tuple[Path, Path], devices: int) -> tuple[int, dict | None, str]:
     model, config = fan
     run = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "sharderd.cli",
-            "plan",
-            str(model),
-            "--devices",
-            str(devices),
-            "--config",
-            str(config),
-            "--json",
+            *(sys.executable, "-m", "sharderd.cli", "plan", str(model), "--devices", str(devices)),
+            *("--config", str(config), "--json"),
         ],
         capture_output=True,
         text=True,

@@ -88,7 +88,7 @@ def shard(
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=600,  # a loaded machine; a hang still ends the test
         check=False,
     )
     compiles = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -381,7 +381,7 @@ def test_a_re_plan_waits_for_the_compile_still_running(tmp_path: Path, config: P
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=600,  # a loaded machine; a hang still ends the test
         check=False,
     )
     events = [

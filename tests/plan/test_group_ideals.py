@@ -287,6 +287,7 @@ def test_large_graph_gets_a_split_no_order_has() -> None:
     plan = plan_stages(analysis, target, 2, safety_margin=1.0)
     orders = [v for name, v in plan.orders_tried.items() if name not in ("ideals", "contracted")]
     assert plan.method == "ideals" and plan.proven_optimal
+    assert plan.claim.startswith("optimal over every valid split (DP over all ")
     assert plan.bottleneck_s < min(v for v in orders if v is not None) * 0.99
     stage_of = dict(zip(analysis.flow.node_names, plan.assignment.tolist(), strict=True))
     assert stage_of["a1"] == 0 and stage_of["a2"] == 1  # the dear branch is cut in half,

@@ -123,3 +123,48 @@ def test_folded_constants_are_not_weights_held_all_at_once() -> None:
     assert analysis.folded_bytes == 3 * W
     proof = weights_proof(analysis, _target(3 * W // 2 - 1), 2)
     assert proof is None
+
+
+# --- the hints after "no fitting split found" (exit 5) --------------------------------------------
+
+
+def test_the_hint_names_the_count_a_fitting_split_was_found_on_or_more_than_searched() -> None:
+    from sharderd.plan.infeasible import fitting_hint
+
+    hint, reruns = fitting_hint(4, 6, 12)
+    assert hint.startswith("rerun with --devices 6 (the fewest on which the planner found")
+    assert reruns == ({"devices": 6}, {"backend": "poprt"})
+    hint, reruns = fitting_hint(4, None, 12)
+    assert hint.startswith("no split fits the estimate on 5 to 12 devices either: rerun with more")
+    assert reruns == ({"devices": 13}, {"backend": "poprt"})
+
+
+def test_a_fitting_hint_keeps_everything_else_the_error_said() -> None:
+    from sharderd.errors import NotProvenError
+    from sharderd.plan.infeasible import with_fitting_hint
+
+    err = NotProvenError("no split", hint="old", device=2, short_bytes=7, min_devices=9)
+    err.fits_without_margin = True
+    err.node, err.node_need, err.node_activation_share = "mm", 1.4, 0.25
+    again = with_fitting_hint(err, 4, 6, 12)
+    assert (again.message, again.device, again.short_bytes) == ("no split", 2, 7)
+    assert (again.min_devices, again.fits_without_margin) == (6, True)
+    assert (again.node, again.node_need, again.node_activation_share) == ("mm", 1.4, 0.25)
+    assert again.hint is not None and again.hint.startswith("rerun with --devices 6")
+    assert again.reruns == ({"devices": 6}, {"backend": "poprt"})
+
+
+def test_an_overfull_plan_names_its_most_overfull_device_by_share_not_bytes() -> None:
+    from types import SimpleNamespace
+
+    from sharderd.plan.infeasible import overfull_not_proven
+
+    stages = (
+        SimpleNamespace(index=0, memory_bytes=3000, budget_bytes=2800),  # the most bytes, 7% over
+        SimpleNamespace(index=1, memory_bytes=1200, budget_bytes=1000),  # 20% over
+    )
+    plan = SimpleNamespace(devices=2, stages=stages, safety_margin=1.15)
+    err = overfull_not_proven(plan, _target(1000), 3, 8)  # type: ignore[arg-type]
+    assert (err.device, err.short_bytes, err.min_devices, err.exit_code) == (1, 200, 3, 5)
+    assert "puts 1.17 KiB on device 1, over its budget of 1000 B (margin 1.15)" in err.message
+    assert err.hint is not None and err.hint.startswith("rerun with --devices 3")

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from plan.test_search import SETTINGS, TILE, first, overflow
 
+from sharderd.errors import NoSplitError
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.observations import AttemptKey, OomInfo, Serialization, StageView, observe
 from sharderd.plan.probe import MAX_SERIAL_FACTOR, probe_proves, serial_factor
@@ -31,6 +32,9 @@ PROBE_VIEW = (StageView(0, 0.6, ((5, 6),)),)
         ("MatMul", (4, 128, 96), 16),
         ("MatMul", (8, 24), 8),
         ("MatMul", (8, 6), 2),
+        ("MatMul", (8, 2), 2),  # the fewest channels that still split
+        ("MatMul", (4, 96, 2), 2),  # the last axis, not the second nor the second to last
+        ("MatMul", (2, 7, 64), 16),
         ("MatMul", (8, 7), 0),
         ("MatMul", (8, 1), 0),
         ("MatMul", None, 0),
@@ -133,4 +137,31 @@ def test_a_serialized_probe_whose_compiled_model_lost_the_attributes_proves_noth
         state = learn(state, Started(2, serial, key, 0.0, serializable=("mm", 16)))
         lost = learn(state, replace(_probe_oom(2), compiled_serialize=compiled))
         assert lost.proof is None
-        assert "without __serialize_matmul_* on 'mm' ×16" in "".join(lost.doubts)
+        assert lost.doubts == (
+            "; the serialized probe (attempt 2) compiled a model without __serialize_matmul_* on "
+            "'mm' ×16 (lost in PopRT's conversion), so its overflow proves nothing",
+        )
+
+
+def test_only_a_serialized_probe_that_fits_starts_the_measurements_again() -> None:
+    """Its fit sets aside what the search learned without the serialization: the observations,
+    the escalated re-plans and the planner's refusals. A plain probe that fits, or the serialized
+    one overflowing, changes none of them."""
+    state, _ = _running(("mm", 16))
+    state = learn(learn(state, overflow(0, 1, 1.3)), _probe_oom(1))
+    serial = next_attempts(state)[0]  # type: ignore[index]
+    key = AttemptKey("probe:mm", 0.1, serialize=serial.serialize)
+    state = learn(state, Started(2, serial, key, 0.0, serializable=("mm", 16)))
+    err = NoSplitError("none")
+    learned_much = replace(
+        state, escalation=(1.0, 1.05), escalations=1, no_split=(1, err), settled=err
+    )
+    fit = learn(learned_much, Finished(2, "ok", observe(2, PROBE_VIEW, kind="ok", amp=0.1)))
+    assert fit.serialized == (("mm", 16),) and fit.observations == ()
+    assert (fit.escalation, fit.escalations, fit.no_split, fit.settled) == ((), 0, None, None)
+    over = learn(learned_much, _probe_oom(2, compiled=(("mm", 16),)))
+    assert over.serialized == () and over.escalations == 1 and over.settled is err
+    plain, _ = _running(None)
+    plain = replace(plain, escalations=1, settled=err)
+    fits = learn(plain, Finished(1, "ok", observe(1, PROBE_VIEW, kind="ok", amp=0.1)))
+    assert fits.serialized == () and fits.escalations == 1 and fits.settled is err

@@ -43,3 +43,23 @@ def test_no_probe_when_even_the_cap_cannot_sink_a_node(name: str) -> None:
     analysis = export_analysis(name)
     floor = float(memory_floor(analysis, TARGET).node_bytes.max())
     assert probe_target(analysis, _holding(floor, PROBE_MIN_NEED * 0.9)) is None
+
+
+def test_the_probe_s_matmul_factor_comes_from_its_output_channels() -> None:
+    """tiny_gpt2's MatMuls: the factor of each is ``serial_factor`` of its output's last axis (not
+    its input's), 0 for every other op; the lm_head's 2-D weight [hidden, vocab] makes them differ."""
+    from sharderd.plan.probe import probe_factor, serial_factor
+
+    analysis = export_analysis("tiny_gpt2")
+    types = analysis.shapes.types
+    differ = 0
+    for index, node in enumerate(analysis.model.graph.node):
+        factor = probe_factor(analysis, index)
+        if node.op_type != "MatMul":
+            assert factor == 0, node.name
+            continue
+        out = types[node.output[0]].shape
+        assert factor == serial_factor("MatMul", out) and factor > 0, node.name
+        given = types[node.input[0]].shape
+        differ += serial_factor("MatMul", given) != factor
+    assert differ > 0

@@ -15,6 +15,7 @@ from sharderd.plan.perf import worth_compiling
 from sharderd.plan.search import (
     Attempt,
     Finished,
+    Planned,
     SearchState,
     Settings,
     Started,
@@ -306,7 +307,10 @@ def test_a_probe_out_of_host_stream_memory_proves_nothing() -> None:
     there is the probe's own, no proof; a tile overflow is the proof."""
     stream = learn(_with_probe(), Finished(1, "oom", oom="stream"))
     assert stream.proof is None and not isinstance(next_attempts(stream), Verdict)
-    assert "host-stream memory" in "".join(stream.doubts)
+    assert stream.doubts == (
+        "; the probe (attempt 1) ran out of host-stream memory, and it feeds the node's inputs "
+        "from the host as no split does, so that proves nothing",
+    )
     tile = learn(_with_probe(), Finished(1, "oom", oom="tile"))
     assert tile.proof == 1 and next_attempts(tile) == Verdict(None, proof=1)
 
@@ -376,3 +380,198 @@ def test_an_optimal_perf_variant_is_compiled_only_when_its_calibrated_prediction
         start(SearchState(cfg, 1.15), first(SearchState(cfg, 1.15)), "a"), Finished(0, "ok")
     )
     assert not worth_compiling(unmeasured, variant, AttemptKey("b", 0.6), 0.1)
+
+
+# --- nested overflows at their edges (memory_model._nested) ------------------------------------
+
+
+def _nested(outer: Observation, inner: Observation, **kw: bool) -> tuple[tuple, ...]:
+    """The ``measured`` (priced between) entries of the model the two overflows imply."""
+    return content_model([outer, inner], amp=0.6, **kw).measured
+
+
+def test_nested_overflows_compiled_smaller_first_imply_the_same_model() -> None:
+    """The inner stage compiled first and the outer later (attempt order is the fold's order)."""
+    inner, outer = oom(0, stage(1, 0.4, 0, 50), 1.3), oom(1, stage(0, 0.8, 0, 100), 1.5)
+    model = content_model([inner, outer], amp=0.6)
+    ((between, rate),) = model.measured
+    assert between == ((50, 100),) and abs(rate - 0.2 * HEADROOM / 0.4) < 1e-9
+    assert [runs for runs, _ in model.patches] == [((0, 50),)] and model.fixed
+
+
+def test_stages_predicted_within_the_noise_are_one_reading_and_just_outside_two() -> None:
+    """Predicted shares exactly ``NOISE`` apart are two readings (nested: the nodes between are
+    priced); a hair closer, one reading (each stage keeps its own factor, none between)."""
+    low = 0.2
+    assert (low + NOISE) - low == NOISE  # exactly the noise apart in floating point
+    inner = oom(1, stage(1, low, 0, 90), 1.1)
+    assert _nested(oom(0, stage(0, low + NOISE, 0, 100), 1.3), inner)
+    assert not _nested(oom(0, stage(0, low + NOISE * 0.999, 0, 100), 1.3), inner)
+    closer = factors([oom(0, stage(0, low + NOISE * 0.999, 0, 100), 1.3), inner])
+    assert abs(closer[95] - 1.3 / (low + NOISE * 0.999) * HEADROOM) < 1e-9
+
+
+def test_readings_within_the_noise_are_one_reading_and_just_outside_two() -> None:
+    """Measured worst tiles just under ``NOISE`` apart say nothing about the nodes between; just
+    over, they price them. (Exactly ``NOISE`` apart cannot happen for two overflows: both are over
+    1, where doubles differ by multiples of 2**-52, which 0.03 is not.)"""
+    inner = oom(1, stage(1, 0.4, 0, 50), 1.2)
+    assert not _nested(oom(0, stage(0, 0.8, 0, 100), 1.2 + NOISE * 0.999), inner)
+    assert _nested(oom(0, stage(0, 0.8, 0, 100), 1.2 + NOISE * 1.001), inner)
+
+
+def test_the_nodes_between_nested_stages_are_priced_net_of_their_code() -> None:
+    """Code is not scaled: the rate between is the readings' difference less the code the outer
+    stage holds beyond the inner's, over the rest of the bytes between."""
+    outer, inner = (
+        oom(0, stage(0, 1.0, 0, 100, code=0.3), 1.6),
+        oom(1, stage(1, 0.5, 0, 50, code=0.2), 1.2),
+    )
+    ((_, rate),) = _nested(outer, inner, exact=True)
+    assert abs(rate - ((1.6 - 1.2) - (0.3 - 0.1)) / (0.7 - 0.4)) < 1e-12
+
+
+def test_a_larger_stage_that_measured_no_more_prices_nothing_between() -> None:
+    """The outer stage's reading, net of its extra code, is no more than the inner's: no rate (a
+    rate of 0 or less would make the nodes between free); each stage keeps its own factor."""
+    outer, inner = oom(0, stage(0, 1.0, 0, 100), 1.1), oom(1, stage(1, 0.5, 0, 50), 1.3)
+    assert not _nested(outer, inner)
+    f = factors([outer, inner])
+    assert abs(f[75] - 1.1 * HEADROOM) < 1e-9 and abs(f[25] - 1.3 / 0.5 * HEADROOM) < 1e-9
+    # exactly nothing net of code (1.5 - 1.25 == 1.0 * 0.5 - 0.5 * 0.5, every number exact)
+    even = (
+        oom(0, stage(0, 1.0, 0, 100, code=0.5), 1.5),
+        oom(1, stage(1, 0.5, 0, 50, code=0.5), 1.25),
+    )
+    assert not _nested(*even, exact=True)
+
+
+def test_an_overflow_without_a_number_is_never_nested() -> None:
+    """A device named without bytes has no reading to difference: it stands alone."""
+    outer, inner = (
+        Observation(0, stage(0, 0.8), False, None, 0.6),
+        oom(1, stage(1, 0.4, 0, 50), 1.3),
+    )
+    assert not _nested(outer, inner) and not _nested(inner, outer)
+    assert content_model([outer, inner], amp=0.6).patches
+
+
+def test_the_same_nodes_overflowing_twice_price_nothing_between() -> None:
+    """One stage's nodes compiled twice (planned at other factors, so other predictions) leave no
+    nodes between: both readings patch those nodes, no rate or fixed cost is made up."""
+    first, again = oom(0, stage(0, 0.8, 0, 100), 1.5), oom(1, stage(1, 0.6, 0, 100), 1.3)
+    model = content_model([first, again], amp=0.6)
+    assert not model.measured and not model.fixed and len(model.patches) == 2
+
+
+def test_only_the_plan_itself_finding_no_split_settles_or_drops_the_margin() -> None:
+    """A speculative margin, a probe or the roomy check finding no split says nothing of the plan
+    at the search's margin: the margin stays, nothing is ruled out or settled."""
+    state = SearchState(SETTINGS, 1.15)
+    state = start(state, first(state), "a")
+    spec = next_attempts(state)[1]  # type: ignore[index]
+    assert spec.kind == "speculative"
+    after = learn(state, Unplanned(spec, NoSplitError("none at margin 1.3")))
+    assert (after.margin, after.ruled_out, after.settled, after.no_split) == (
+        1.15,
+        False,
+        None,
+        None,
+    )
+    assert spec in after.asked
+
+
+# --- learn: each event's effect on the state ------------------------------------------------------
+
+
+def test_a_planned_split_is_approved_once_and_started_next_a_tried_one_re_plans() -> None:
+    """``Planned``: asked, and approved when worth a compile (``next_attempts`` offers it alone
+    until it starts, which clears it); a split already compiled is refused like an unplanned one
+    (the last overflow grows), never approved."""
+    state = SearchState(SETTINGS, 1.15)
+    plan = first(state)
+    planned = Planned(plan, AttemptKey("a", 0.6), 2.0)
+    approved = learn(state, planned)
+    assert approved.approved == planned and plan in approved.asked
+    assert next_attempts(approved) == (planned,)
+    running = learn(approved, Started(0, plan, planned.key, 2.0))
+    assert running.approved is None and running.attempts[0].predicted_s == 2.0
+    state = learn(running, overflow(0, 1, 1.1))
+    replan = first(state)
+    again = learn(state, Planned(replan, AttemptKey("a", 0.6), 2.0))  # the same split again
+    assert again.approved is None and replan in again.asked
+    assert again.escalations == 1 and again.scales() == (1.0, HEADROOM)
+
+
+def test_a_finished_compile_keeps_its_outcome_period_rate_and_what_ran_out() -> None:
+    state = start(SearchState(SETTINGS, 1.15), first(SearchState(SETTINGS, 1.15)), "a")
+    done = learn(state, Finished(0, "ok", period_s=0.5, throughput=8.0)).attempts[0]
+    assert (done.outcome, done.period_s, done.throughput, done.oom) == ("ok", 0.5, 8.0, None)
+    over = learn(state, Finished(0, "oom", oom="stream")).attempts[0]
+    assert (over.outcome, over.oom) == ("oom", "stream")
+
+
+def test_an_invalid_compile_ends_the_search_as_its_cause_unless_a_plan_compiled() -> None:
+    """Stages that disagree with the model end it at once (``verification``), even after a fit;
+    any other rejection only while no plan compiled; the first failure is the one kept."""
+    state = SearchState(replace(SETTINGS, speculative_margins=(), probe=False), 1.15)
+    state = start(start(state, first(state), "a"), replace(first(state), label="b"), "b")
+    bad = learn(state, Finished(0, "invalid", cause="verification"))
+    assert bad.failed == ("verification", 0) and next_attempts(bad) == Verdict(
+        None, failed=("verification", 0)
+    )
+    rejected = learn(state, Finished(0, "invalid", cause="rejected"))
+    assert rejected.failed == ("rejected", 0)
+    assert learn(rejected, Finished(1, "invalid", cause="verification")).failed == ("rejected", 0)
+    fitted = learn(state, Finished(1, "ok"))
+    assert learn(fitted, Finished(0, "invalid", cause="rejected")).failed is None
+    assert learn(fitted, Finished(0, "invalid", cause="verification")).failed == (
+        "verification",
+        0,
+    )
+
+
+def test_measured_node_times_are_kept_once_and_only_to_calibrate() -> None:
+    times = (("n", 0.5),)
+    plain = start(SearchState(SETTINGS, 1.15), first(SearchState(SETTINGS, 1.15)), "a")
+    assert learn(plain, Finished(0, "ok", node_times=times)).measured_times is None
+    cfg = replace(SETTINGS, calibrate=True)
+    state = start(SearchState(cfg, 1.15), first(SearchState(cfg, 1.15)), "a")
+    assert learn(state, Finished(0, "ok")).measured_times is None
+    kept = learn(state, Finished(0, "ok", node_times=times))
+    assert kept.measured_times == times
+    later = replace(kept, attempts=(*kept.attempts, replace(kept.attempts[0], index=1)))
+    assert learn(later, Finished(1, "ok", node_times=(("n", 9.0),))).measured_times == times
+
+
+def test_a_running_plan_predicted_no_faster_than_the_fit_is_not_waited_for() -> None:
+    state = SearchState(SETTINGS, 1.15)
+    state = start(state, first(state), "a", predicted_s=1.0)
+    spec = next_attempts(state)[1]  # type: ignore[index]
+    state = start(state, spec, "b", predicted_s=1.0)
+    assert next_attempts(learn(state, Finished(0, "ok"))) == Verdict(0)
+
+
+def test_with_the_budget_spent_a_running_compile_is_waited_for() -> None:
+    cfg = replace(SETTINGS, max_attempts=1, probe=False, speculative_margins=())
+    state = start(SearchState(cfg, 1.15), first(SearchState(cfg, 1.15)), "a")
+    assert next_attempts(state) == ()
+    end = next_attempts(learn(state, overflow(0, 0, 1.2)))
+    assert isinstance(end, Verdict) and end.kept is None and not end.capped  # not ruled out
+
+
+def test_the_verdict_s_note_is_every_doubt_then_the_amp_note_in_order() -> None:
+    state = replace(SearchState(SETTINGS, 1.15), doubts=("; one", "; two"))
+    assert verdict(state).note == "; one; two"
+
+
+def test_a_stage_of_code_alone_is_hopeless_only_when_it_measured_more_than_its_code() -> None:
+    """Nothing but code (a per-node constant) in the stage: no factor on bytes explains more than
+    the code, so that is hopeless; a reading at or under the code needs no factor at all."""
+    code_only = oom(0, stage(0, 0.8, code=1.0), 1.2)
+    assert stage_factor(code_only, 0.8 + 1e-9) >= 1e6
+    assert stage_factor(code_only, 0.8) == 1.0 and stage_factor(code_only, 0.5) == 1.0
+
+
+def test_a_stage_that_measured_under_its_prediction_gets_a_factor_under_one() -> None:
+    assert abs(stage_factor(oom(0, stage(0, 2.0), 1.2), 1.2) - 0.6) < 1e-12

@@ -22,6 +22,14 @@ def test_only_nodes_over_a_device_are_cut_into_the_fewest_pieces() -> None:
         assert per_node[node] / k <= 1000.0 * PIECE_SHARE < per_node[node] / (k - 1)
 
 
+def test_a_node_exactly_a_device_is_left_whole_and_one_over_is_cut() -> None:
+    """The weights exactly a device's are not over it; a byte more is, into the fewest pieces
+    (3 at ``PIECE_SHARE`` 0.5), even when that is exactly as many as the node can be cut into."""
+    assert choose_pieces(np.array([1000.0]), np.array([10]), capacity=1000.0) == {}
+    assert choose_pieces(np.array([1001.0]), np.array([3]), capacity=1000.0) == {0: 3}
+    assert choose_pieces(np.array([1001.0]), np.array([2]), capacity=1000.0) == {}
+
+
 def test_a_node_that_cannot_be_split_enough_is_left_to_the_proof() -> None:
     assert choose_pieces(np.array([5000.0]), np.array([0]), capacity=1000.0) == {}
     assert choose_pieces(np.array([5000.0]), np.array([3]), capacity=1000.0) == {}
@@ -60,3 +68,13 @@ def test_a_rewrite_is_kept_only_when_the_bottleneck_drops_by_more_than_a_tenth()
     assert worth_keeping(1.0, 0.8999)
     assert not worth_keeping(1.0, 1.0)
     assert not worth_keeping(1.0, 2.0)
+
+
+def test_a_node_exactly_at_the_floor_is_left_whole_and_two_pieces_is_a_split() -> None:
+    """In seconds, as the planner gives them (every cost far under 1): node 1 at exactly the
+    balanced share W / devices holds nothing up; node 2 just over it is cut, into at most the 2
+    pieces it can be cut into; with every node splittable the floor is that share alone."""
+    node_s = np.array([1e-6, 5e-6, 5.5e-6, 8.5e-6])  # W = 20 µs, 4 devices: 5 µs each
+    rows = np.array([0, 64, 2, 64])
+    assert bottleneck_pieces(node_s, 20e-6, 4, rows) == {2: 2, 3: 2}
+    assert bottleneck_pieces(node_s, 20e-6, 4, np.full(4, 64)) == {2: 2, 3: 2}
