@@ -50,9 +50,10 @@ def weights_proof(analysis: Analysis, target: Target, devices: int) -> PlanInfea
     worst = int(np.argmax(per_node)) if len(per_node) else 0
     if len(per_node) and per_node[worst] > capacity:
         node = flow.node_names[worst]
+        weights, device = _sizes(per_node[worst], capacity)
         return PlanInfeasibleError(
             f"the model does not fit on any number of {target.name} devices: node {node!r}'s weights "
-            f"alone are {fmt_bytes(per_node[worst])}, more than one device's {fmt_bytes(capacity)}",
+            f"alone are {weights}, more than one device's {device}",
             grounds="node_weights",
             hint="use a smaller model, a lower precision, or a target with more memory",
             short_bytes=int(per_node[worst] - capacity),
@@ -62,9 +63,10 @@ def weights_proof(analysis: Analysis, target: Target, devices: int) -> PlanInfea
     if total <= capacity * devices:
         return None
     needed = max(devices + 1, math.ceil(total / capacity))
+    weights, together = _sizes(total, capacity * devices)
     return PlanInfeasibleError(
         f"the model does not fit on {devices} × {target.name}: its distinct weights alone are "
-        f"{fmt_bytes(total)}{' (the constants it folds left out)' if analysis.folded_bytes else ''}, more than the {devices} devices' {fmt_bytes(capacity * devices)} together. "
+        f"{weights}{' (the constants it folds left out)' if analysis.folded_bytes else ''}, more than the {devices} devices' {together} together. "
         f"At least {needed} devices are needed to hold them.",
         grounds="weights_total",
         hint=f"rerun with --devices {needed} (a lower bound: activations and code need room too)",
@@ -72,6 +74,13 @@ def weights_proof(analysis: Analysis, target: Target, devices: int) -> PlanInfea
         short_bytes=int(total - capacity * devices),
         min_devices=needed,
     )
+
+
+def _sizes(more: float, less: float) -> tuple[str, str]:
+    """Two sizes, the first over the second, as a message prints them: rounded, or in bytes where
+    the rounded figures would read the same."""
+    a, b = fmt_bytes(more), fmt_bytes(less)
+    return (a, b) if a != b else (f"{int(more):,} B", f"{int(less):,} B")
 
 
 def node_too_large(

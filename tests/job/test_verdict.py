@@ -53,6 +53,17 @@ async def test_fewest_devices_matches_a_walk_over_every_count(devices: int, most
         assert len(session.asked) <= 2 * max(1, most - devices).bit_length() + 1
 
 
+@pytest.mark.anyio
+async def test_fewest_devices_doubles_then_halves_in_whole_counts() -> None:
+    """From 1 device, a split from 6 on: 2, 3, 5, 9 (the extra devices double), then 7, 6 (the
+    gap halves); every count asked is a whole number of devices."""
+    session = _Session(6, 40)
+    found = await fewest_devices(session, lambda n: PlanRequest(n, 1.0), 1)  # type: ignore[arg-type]
+    assert found == 6 and type(found) is int
+    assert session.asked == [2, 3, 5, 9, 7, 6]
+    assert all(type(n) is int for n in session.asked)
+
+
 # --- ending: how a finished search ends, from its verdict ----------------------------------------
 
 TARGET = BUILTIN_TARGETS["ipu-mk2"]

@@ -89,6 +89,11 @@ def test_one_nodes_weights_one_byte_over_a_device_is_the_proof_and_exactly_a_dev
     proof = _proof(analysis, W - 1, devices)
     assert proof is not None and proof.grounds == "node_weights" and proof.short_bytes == 1
     assert proof.node == "mm0" and proof.min_devices is None
+    assert proof.message == (
+        "the model does not fit on any number of edge devices: node 'mm0''s weights alone are "
+        "16,384 B, more than one device's 16,383 B"  # one byte over: rounded, both read 16.00 KiB
+    )
+    assert proof.hint == "use a smaller model, a lower precision, or a target with more memory"
 
 
 def test_the_distinct_weights_one_byte_over_the_devices_are_the_proof_and_exactly_them_not() -> (
@@ -102,6 +107,13 @@ def test_the_distinct_weights_one_byte_over_the_devices_are_the_proof_and_exactl
     proof = _proof(analysis, 3 * W // 2 - 1, 2)
     assert proof is not None and proof.grounds == "weights_total"
     assert proof.short_bytes == 2 and proof.min_devices == 3
+    assert "its distinct weights alone are 49,152 B, more than the 2 devices' 49,150 B" in (
+        proof.message
+    )
+    far = _proof(analysis, W, 2)
+    assert far is not None and "alone are 48.00 KiB, more than the 2 devices' 32.00 KiB" in (
+        far.message
+    )
 
 
 def test_a_folded_constant_is_the_weight_of_the_node_that_reads_it() -> None:

@@ -35,6 +35,7 @@ PROBE_VIEW = (StageView(0, 0.6, ((5, 6),)),)
         ("MatMul", (8, 2), 2),  # the fewest channels that still split
         ("MatMul", (4, 96, 2), 2),  # the last axis, not the second nor the second to last
         ("MatMul", (2, 7, 64), 16),
+        ("MatMul", (4, 1, 64), 16),  # a 1 on another axis is not the channels
         ("MatMul", (8, 7), 0),
         ("MatMul", (8, 1), 0),
         ("MatMul", None, 0),
@@ -45,7 +46,8 @@ PROBE_VIEW = (StageView(0, 0.6, ((5, 6),)),)
 def test_the_factor_is_the_largest_power_of_two_up_to_the_cap_dividing_the_output_channels(
     op: str, shape: tuple[int, ...] | None, factor: int
 ) -> None:
-    assert serial_factor(op, shape) == factor
+    found = serial_factor(op, shape)
+    assert found == factor and type(found) is int  # a factor PopART reads as an INT
 
 
 def _probe_oom(index: int, amp: float = 0.1, compiled: Serialization = ()) -> Finished:
@@ -165,3 +167,12 @@ def test_only_a_serialized_probe_that_fits_starts_the_measurements_again() -> No
     plain = replace(plain, escalations=1, settled=err)
     fits = learn(plain, Finished(1, "ok", observe(1, PROBE_VIEW, kind="ok", amp=0.1)))
     assert fits.serialized == () and fits.escalations == 1 and fits.settled is err
+
+
+def test_a_matmul_probe_out_of_host_stream_memory_is_not_compiled_again_serialized() -> None:
+    """Serializing the matmul changes its tiles' temporaries, not the host stream that ran out."""
+    state, _ = _running(("mm", 16))
+    stream = learn(learn(state, overflow(0, 1, 1.3)), Finished(1, "oom", oom="stream"))
+    wanted = next_attempts(stream)
+    assert not (isinstance(wanted, tuple) and any(a.serialize for a in wanted))
+    assert stream.proof is None

@@ -3,7 +3,7 @@ plausible factor could make it overflow a device on its own."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -63,3 +63,39 @@ def test_the_probe_s_matmul_factor_comes_from_its_output_channels() -> None:
         given = types[node.input[0]].shape
         differ += serial_factor("MatMul", given) != factor
     assert differ > 0
+
+
+def test_the_first_node_can_be_the_probe_and_exactly_the_minimum_need_is_probed() -> None:
+    """A chain whose heaviest node is its first (file index 0) is probed on it; at exactly
+    ``PROBE_MIN_NEED`` of a device (a target twice its bytes) it is probed, a byte less need not.
+    The view is device 0's, one node, its code share of its own bytes."""
+    from dag_cases import loaded
+    from onnx import TensorProto, helper, numpy_helper
+
+    from sharderd.config import PlanConfig
+    from sharderd.graph.analyze import analyze
+    from sharderd.plan.op_costs import node_code_bytes
+
+    w = [np.ones((64, 64), np.float32), np.ones((64, 8), np.float32)]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w0"], ["h"], name="big"),
+            helper.make_node("MatMul", ["h", "w1"], ["y"], name="small"),
+        ],
+        "first",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(a, f"w{k}") for k, a in enumerate(w)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    analysis = analyze(loaded(model), PlanConfig())
+    floor = memory_floor(analysis, TARGET).node_bytes
+    assert int(np.argmax(floor)) == 0 and float(floor[0]) == int(floor[0])
+    exact = Target(**{**asdict(TARGET), "memory_bytes": 2 * int(floor[0])})
+    found = probe_target(analysis, exact)
+    assert found is not None and found[0] == "big"
+    view = found[1]
+    assert (view.device, view.runs, view.predicted) == (0, ((0, 1),), PROBE_MIN_NEED)
+    code = float(node_code_bytes(analysis, exact)[0])
+    assert view.code_share == pytest.approx(code / float(floor[0]))
+    assert probe_target(analysis, replace(exact, memory_bytes=exact.memory_bytes + 1)) is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from sharderd.errors import NoSplitError, PlanInfeasibleError
 from sharderd.plan.content import node_factors
@@ -575,3 +576,20 @@ def test_a_stage_of_code_alone_is_hopeless_only_when_it_measured_more_than_its_c
 
 def test_a_stage_that_measured_under_its_prediction_gets_a_factor_under_one() -> None:
     assert abs(stage_factor(oom(0, stage(0, 2.0), 1.2), 1.2) - 0.6) < 1e-12
+
+
+def test_a_fixed_cost_is_the_inner_reading_net_of_its_code_and_its_bytes_at_the_rate() -> None:
+    """Measured as is (``exact``): the rate between is (1.5 − 1.1 + 0.1) / 0.5 = 1.0, and the inner
+    stage's fixed cost what its reading leaves after its code (0.1) and its rest at that rate
+    (0.3): 0.7 of a device, kept with its nodes. A fixed cost within ``NOISE`` is none: the inner
+    stage keeps its own factor instead."""
+    outer, inner = oom(0, stage(0, 0.8, 0, 100), 1.5), oom(1, stage(1, 0.4, 0, 50, code=0.25), 1.1)
+    model = content_model([outer, inner], amp=0.6, exact=True)
+    (((_, rate),), ((nodes, fixed),)) = model.measured, model.fixed
+    assert abs(rate - 1.0) < 1e-12 and nodes == ((0, 50),) and abs(fixed - 0.7) < 1e-12
+    small = content_model(
+        [oom(0, stage(0, 0.8, 0, 100), 2.38), oom(1, stage(1, 0.4, 0, 50), 1.2)],
+        amp=0.6,
+        exact=True,
+    )
+    assert small.fixed == () and [f for _, f in small.patches] == [pytest.approx(1.2 / 0.4)]
