@@ -8,11 +8,13 @@ sitting):
 - ``sharderd shard MODEL --devices N --backend none --quiet --out DIR`` likewise,
 
 each a fresh process measured by ``wait4`` (``_common.run_measured``): wall, user + sys CPU, peak
-RSS. The shard outputs of the executables are compared by SHA-256 (model, YAML and data files), so
-the table also says whether a change altered what users get.
+RSS. With ``--repeat N`` every cell runs N times, the executables alternating within each round
+(so load on a shared machine falls on both alike), and the table gives each figure's median. The
+shard outputs of the executables are compared by SHA-256 (model, YAML and data files; every run's
+must agree), so the table also says whether a change altered what users get.
 
     python bench/inline_weights.py --exe before=/work/wt/weights-base/.venv/bin/sharderd \
-        --exe after=.venv/bin/sharderd
+        --exe after=.venv/bin/sharderd --repeat 3
 
 ``--hide-torch`` is a diagnostic, not a user's setup: each command runs with ``torch`` made
 unimportable, to show what importing it costs (onnxruntime's ``onnxruntime.tools`` package, which
@@ -30,6 +32,7 @@ import hashlib
 import json
 import shlex
 import shutil
+import statistics
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -69,6 +72,52 @@ class Cell:
     run: Run
     outputs: dict[str, str] | None
     """Shard only: output file name → SHA-256."""
+
+    @property
+    def key(self) -> tuple[str, str, str, str, bool]:
+        return (self.model, self.form, self.exe, self.command, self.serialize)
+
+
+@dataclass(frozen=True, slots=True)
+class Median:
+    """The runs of one cell: each figure's median, and whether every run wrote the same files."""
+
+    cell: Cell
+    """The first run (model, form, executable, command)."""
+    runs: int
+    exit_codes: tuple[int, ...]
+    wall_s: float
+    cpu_s: float
+    sys_s: float
+    peak_rss_bytes: float
+    outputs: dict[str, str] | None
+    """The shard outputs' digests when every run's agree, else None."""
+    outputs_stable: bool
+
+
+def medians(cells: list[Cell]) -> list[Median]:
+    groups: dict[tuple[str, str, str, str, bool], list[Cell]] = {}
+    for c in cells:
+        groups.setdefault(c.key, []).append(c)
+    out = []
+    for group in groups.values():
+        runs = [c.run for c in group]
+        digests = [c.outputs for c in group]
+        stable = all(d == digests[0] for d in digests)
+        out.append(
+            Median(
+                cell=group[0],
+                runs=len(group),
+                exit_codes=tuple(r.exit_code for r in runs),
+                wall_s=statistics.median(r.wall_s for r in runs),
+                cpu_s=statistics.median(r.user_s + r.sys_s for r in runs),
+                sys_s=statistics.median(r.sys_s for r in runs),
+                peak_rss_bytes=statistics.median(r.peak_rss_bytes for r in runs),
+                outputs=digests[0] if stable else None,
+                outputs_stable=stable,
+            )
+        )
+    return out
 
 
 def make_external(inline: Path, folder: Path) -> Path:
@@ -110,15 +159,19 @@ def measure(
     flags: list[str],
     scratch: Path,
     *,
+    commands: tuple[str, ...] = ("plan", "shard"),
     hide_torch: bool = False,
 ) -> list[Cell]:
     cells = []
     head = [str(Path(exe[1]).parent / "python"), "-c", _HIDE_TORCH] if hide_torch else [exe[1]]
     for serialize in (True, False):
         extra = [] if serialize else ["--no-serialize"]
-        argv = [*head, "plan", str(path), "--devices", str(DEVICES), "--json", *flags, *extra]
-        cells.append(Cell(model, form, exe[0], "plan", serialize, run_measured(argv), None))
-        _say(cells[-1])
+        if "plan" in commands:
+            argv = [*head, "plan", str(path), "--devices", str(DEVICES), "--json", *flags, *extra]
+            cells.append(Cell(model, form, exe[0], "plan", serialize, run_measured(argv), None))
+            _say(cells[-1])
+        if "shard" not in commands:
+            continue
         out = scratch / f"{model}-{form}-{exe[0]}-{serialize}"
         argv = [*head, "shard", str(path), "--devices", str(DEVICES), "--backend", "none"]
         argv += ["--quiet", "--out", str(out), *flags, *extra]
@@ -144,31 +197,34 @@ def _say(cell: Cell) -> None:
         print(r.stderr[-2000:], file=sys.stderr)
 
 
-def table(cells: list[Cell]) -> str:
+def table(rows_in: list[Median]) -> str:
+    first = rows_in[0].cell.exe
     reference = {
-        (c.model, c.form, c.command, c.serialize): c.outputs
-        for c in cells
-        if c.outputs is not None and c.exe == cells[0].exe
+        (m.cell.model, m.cell.form, m.cell.command, m.cell.serialize): m.outputs
+        for m in rows_in
+        if m.outputs is not None and m.cell.exe == first
     }
     rows = []
-    for c in cells:
+    for m in rows_in:
+        c = m.cell
         same = ""
-        if c.outputs is not None and c.exe != cells[0].exe:
-            same = (
-                "yes"
-                if reference.get((c.model, c.form, c.command, c.serialize)) == c.outputs
-                else "NO"
-            )
+        if c.command == "shard" and not m.outputs_stable:
+            same = "runs differ"
+        elif m.outputs is not None and c.exe != first:
+            ref = reference.get((c.model, c.form, c.command, c.serialize))
+            same = "yes" if ref == m.outputs else "NO"
+        codes = sorted(set(m.exit_codes))
         rows.append(
             [
                 c.model,
                 c.form,
                 c.exe,
                 f"{c.command}{'' if c.serialize else ' --no-serialize'}",
-                c.run.exit_code,
-                f"{c.run.wall_s:.1f}",
-                f"{c.run.user_s + c.run.sys_s:.1f} ({c.run.sys_s:.1f})",
-                f"{c.run.peak_rss_bytes / 2**20:.0f}",
+                ", ".join(str(code) for code in codes),
+                m.runs,
+                f"{m.wall_s:.1f}",
+                f"{m.cpu_s:.1f} ({m.sys_s:.1f})",
+                f"{m.peak_rss_bytes / 2**20:.0f}",
                 same,
             ]
         )
@@ -178,24 +234,20 @@ def table(cells: list[Cell]) -> str:
         "sharderd",
         "command",
         "exit",
+        "runs",
         "wall s",
         "CPU s (sys)",
         "peak RSS MiB",
     ]
-    return markdown_table([*header, f"outputs as {cells[0].exe}'s"], rows)
+    return markdown_table([*header, f"outputs as {first}'s"], rows)
 
 
-def verdicts(cells: list[Cell], exe: str) -> list[str]:
-    """Issue 36's targets, for GPT-2 medium under ``exe``."""
+def verdicts(cells: list[Median], exe: str) -> list[str]:
+    """Issue 36's targets, for GPT-2 medium under ``exe``, on the medians."""
 
-    def cell(form: str, command: str, serialize: bool) -> Cell | None:
+    def cell(form: str, command: str, serialize: bool) -> Median | None:
         return next(
-            (
-                c
-                for c in cells
-                if (c.model, c.form, c.exe, c.command, c.serialize)
-                == ("gpt2_medium", form, exe, command, serialize)
-            ),
+            (m for m in cells if m.cell.key == ("gpt2_medium", form, exe, command, serialize)),
             None,
         )
 
@@ -204,7 +256,7 @@ def verdicts(cells: list[Cell], exe: str) -> list[str]:
         label = "" if serialize else " --no-serialize"
         plan_in, plan_ext = cell("inline", "plan", serialize), cell("external", "plan", serialize)
         if plan_in and plan_ext:
-            rss, ref = plan_in.run.peak_rss_bytes, plan_ext.run.peak_rss_bytes
+            rss, ref = plan_in.peak_rss_bytes, plan_ext.peak_rss_bytes
             ok = rss <= PLAN_RSS_RATIO * ref and rss <= PLAN_RSS_CAP
             lines.append(
                 f"plan{label}: inline {rss / 2**20:.0f} MiB = {rss / ref:.2f}x the external copy's "
@@ -215,7 +267,7 @@ def verdicts(cells: list[Cell], exe: str) -> list[str]:
             cell("external", "shard", serialize),
         )
         if shard_in and shard_ext:
-            rss, wall, ref = shard_in.run.peak_rss_bytes, shard_in.run.wall_s, shard_ext.run.wall_s
+            rss, wall, ref = shard_in.peak_rss_bytes, shard_in.wall_s, shard_ext.wall_s
             ok = rss <= SHARD_RSS_CAP and wall <= SHARD_WALL_RATIO * ref
             lines.append(
                 f"shard{label}: inline {rss / 2**20:.0f} MiB (target <= 600 MiB), {wall:.1f} s wall = "
@@ -235,43 +287,55 @@ def main() -> int:
     parser.add_argument("--external", type=Path, default=Path("/work/exports/weights"))
     parser.add_argument("--make-external", action="store_true")
     parser.add_argument("--hide-torch", action="store_true", help="diagnostic: torch unimportable")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per cell; medians reported")
+    parser.add_argument(
+        "--commands", nargs="+", choices=("plan", "shard"), default=["plan", "shard"]
+    )
+    parser.add_argument("--json-out", type=Path, help="raw results (default bench/out/...)")
     args = parser.parse_args()
     exes = [tuple(e.split("=", 1)) for e in args.exe]
     manifest = json.loads((args.stock / "manifest.json").read_text())
     cells: list[Cell] = []
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=OUT, prefix="inline-weights-") as tmp:
-        for model in args.models:
-            inline = args.stock / manifest[model]["file"]
-            folder = args.external / f"{model}_external"
-            external = (
-                make_external(inline, folder) if args.make_external else folder / "model.onnx"
-            )
-            flags = shlex.split(manifest[model]["sharderd_flags"])
-            for exe in exes:
+        for round_ in range(args.repeat):
+            for model in args.models:
+                inline = args.stock / manifest[model]["file"]
+                folder = args.external / f"{model}_external"
+                external = (
+                    make_external(inline, folder) if args.make_external else folder / "model.onnx"
+                )
+                flags = shlex.split(manifest[model]["sharderd_flags"])
                 for form, path in (("inline", inline), ("external", external)):
-                    cells += measure(
-                        exe,  # type: ignore[arg-type]
-                        model,
-                        form,
-                        path,
-                        flags,
-                        Path(tmp),
-                        hide_torch=args.hide_torch,
-                    )
+                    for exe in exes:  # alternate installs within each model, form and round
+                        print(f"round {round_ + 1}/{args.repeat}", file=sys.stderr)
+                        cells += measure(
+                            exe,
+                            model,
+                            form,
+                            path,
+                            flags,
+                            Path(tmp),
+                            commands=tuple(args.commands),
+                            hide_torch=args.hide_torch,
+                        )
     info = machine()
     raw = [
         {**asdict(c), "run": {**asdict(c.run), "stdout": "", "stderr": c.run.stderr[-2000:]}}
         for c in cells
     ]
     name = "inline_weights_no_torch.json" if args.hide_torch else "inline_weights.json"
-    write_json(OUT / name, {"machine": info, "hide_torch": args.hide_torch, "cells": raw})
+    write_json(
+        args.json_out or OUT / name,
+        {"machine": info, "hide_torch": args.hide_torch, "repeat": args.repeat, "cells": raw},
+    )
+    summary = medians(cells)
     print(machine_markdown(info))
     print()
-    print(table(cells))
+    print(table(summary))
     print()
     for name, _ in exes:
-        for line in verdicts(cells, name):
+        for line in verdicts(summary, name):
             print(f"- {name}: {line}")
     return 0
 

@@ -44,7 +44,10 @@ FIT_FROM = 10_000
 SHAPE = {"hidden": 64, "seq": 32, "vocab": 256}
 """Small layers, so 100k nodes stay a ~0.5 GB file: the benchmark is about graph size, not bytes."""
 
-_AT_LEAST = re.compile(r"At least (\d+) devices")
+_AT_LEAST = re.compile(r"At least (\d+) devices|rerun with --devices (\d+)")
+_NO_SPLIT = (3, 5)
+"""Exit codes of a plan that found no fitting split: proven (3) or not (5, since issue 28); the
+stderr says how many devices to rerun on."""
 
 _IMPORT_FLOOR = (
     "import sharderd.cli, sharderd.engine, sharderd.report.build, sharderd.report.markdown"
@@ -173,13 +176,13 @@ def measure(model: Model, devices: int, repeat: int, *, fallback: bool = False) 
     runs = []
     for _ in range(repeat):
         run = run_measured(argv)
-        if run.exit_code not in (0, 3):
+        if run.exit_code not in (0, *_NO_SPLIT):
             sys.exit(f"{' '.join(argv)} failed ({run.exit_code}):\n{run.stderr}")
         runs.append(run)
         if run.exit_code != 0:
             break
     case = Case(model, devices, tuple(runs), fallback)
-    status = "ok" if case.exit_code == 0 else "does not fit"
+    status = "ok" if case.exit_code == 0 else f"no fitting split (exit {case.exit_code})"
     print(
         f"  {model.nodes:>7} nodes, {devices:>2} devices: {case.wall_s:6.2f} s, "
         f"{fmt_bytes(case.peak_rss):>10} ({status})",
@@ -190,7 +193,7 @@ def measure(model: Model, devices: int, repeat: int, *, fallback: bool = False) 
 
 def needed_devices(case: Case) -> int | None:
     found = _AT_LEAST.search(case.runs[-1].stderr)
-    return int(found.group(1)) if found else None
+    return int(found.group(1) or found.group(2)) if found else None
 
 
 def import_floor(repeat: int) -> Run:
@@ -251,7 +254,7 @@ def main_table(cases: list[Case]) -> str:
         ]
         tail = [f"{c.peak_rss / 2**20:.0f}", f"{1e6 * c.min_wall_s / c.model.nodes:.0f}"]
         if p is None:
-            rows.append([*head, "does not fit (exit 3)", "", "", "", *tail])
+            rows.append([*head, f"no fitting split (exit {c.exit_code})", "", "", "", *tail])
             continue
         if p["nodes"] != c.model.nodes:
             sys.exit(f"report says {p['nodes']} nodes, the file has {c.model.nodes}")
@@ -330,6 +333,9 @@ def main() -> int:
     parser.add_argument("--profile", type=int, metavar="NODES", help="only cProfile this size")
     parser.add_argument("--top", type=int, default=25, help="rows per --profile listing")
     parser.add_argument(
+        "--json-out", type=Path, default=OUT / "plan_scale.json", help="where the raw numbers go"
+    )
+    parser.add_argument(
         "--family",
         choices=("transformer", "exporter"),
         default="transformer",
@@ -345,7 +351,7 @@ def main() -> int:
     if args.profile:
         model = cached_model(args.profile)
         probe = measure(model, DEVICES, 1)
-        devices = (needed_devices(probe) or DEVICES) if probe.exit_code == 3 else DEVICES
+        devices = (needed_devices(probe) or DEVICES) if probe.exit_code in _NO_SPLIT else DEVICES
         profile(model, devices, args.top)
         return 0
 
@@ -360,7 +366,7 @@ def main() -> int:
             case = measure(model, devices, args.repeat)
             cases.append(case)
             fits = case.devices
-            if case.exit_code == 3 and (need := needed_devices(case)) is not None:
+            if case.exit_code in _NO_SPLIT and (need := needed_devices(case)) is not None:
                 cases.append(measure(model, need, args.repeat, fallback=True))
                 fits = need
             if args.phases and devices == DEVICES:
@@ -386,7 +392,7 @@ def main() -> int:
         print(phases_table(split) + "\n")
 
     write_json(
-        OUT / "plan_scale.json",
+        args.json_out,
         {
             "machine": info,
             "floor": {
