@@ -11,6 +11,8 @@ import errno
 from collections.abc import Mapping
 from typing import ClassVar
 
+from sharderd.fsutil import os_error_advice
+
 __all__ = [
     "EXIT_BACKEND_UNAVAILABLE",
     "EXIT_BAD_INPUT",
@@ -266,21 +268,6 @@ class OutputWriteError(SharderdError):
             f"cannot write {what} to {where}: {exc.strerror or exc}",
             hint=f"{os_error_advice(exc, 'the output folder')}, then retry the job",
         )
-
-
-def os_error_advice(exc: OSError, where: str) -> str:
-    """What to do about a failed write, by its ``errno`` (never by its text): a name too long is
-    no matter of space or permissions."""
-    if exc.errno == errno.ENAMETOOLONG:
-        return (
-            "a file name there is longer than the filesystem allows (255 bytes a name, 4096 a path): "
-            "shorten the model's name or the folder's path"
-        )
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"free disk space on {where}"
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"give the sharderd user write access to {where}"
-    return f"free space or fix permissions on {where}"
 
 
 class VerificationError(SharderdError):

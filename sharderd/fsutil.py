@@ -13,7 +13,15 @@ import secrets
 from pathlib import Path
 from typing import TypedDict, Unpack
 
-__all__ = ["WriteOptions", "atomic_write", "copy_synced", "fsync_dir", "make_dirs", "write_temp"]
+__all__ = [
+    "WriteOptions",
+    "atomic_write",
+    "copy_synced",
+    "fsync_dir",
+    "make_dirs",
+    "os_error_advice",
+    "write_temp",
+]
 
 _TEMP_NAME_ROOM = 255 - len(".") - len(".01234567.tmp")
 """Bytes of the final name a temp file's name keeps: it fits in 255 whatever the final name."""
@@ -123,3 +131,18 @@ def make_dirs(path: Path, mode: int) -> None:
                 raise
             continue
         fsync_dir(folder.parent)
+
+
+def os_error_advice(exc: OSError, where: str) -> str:
+    """What to do about a failed write, by its ``errno`` (never by its text): a name too long is
+    no matter of space or permissions."""
+    if exc.errno == errno.ENAMETOOLONG:
+        return (
+            "a file name there is longer than the filesystem allows (255 bytes a name, 4096 a path): "
+            "shorten the model's name or the folder's path"
+        )
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"free disk space on {where}"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"give the sharderd user write access to {where}"
+    return f"free space or fix permissions on {where}"

@@ -1,32 +1,8 @@
 """``sharderd run``: the daemon's task tree, from start-up checks to a clean exit.
 
-Three nested task groups, each outliving the one inside it:
-
-- *root*: signals, the systemd watchdog and the status publisher; they run until the very end, so
-  ``WATCHDOG=1`` and ``status.json`` keep coming while jobs drain.
-- *jobs*: one task per claimed job, all sharing one ``AttemptPool(max_parallel_compiles)``.
-- *intake*: the inbox watcher (``daemon/watch.py``), the periodic rescan, the dispatcher that
-  settles and claims (``daemon/queue.py``), and the control task that acts on cancel requests
-  (``daemon/control.py``). Every long-running task is started with ``tg.start`` and says when it
-  is up.
-
-Start-up: refuse root (unless ``allow_root``), create and check the folders (``daemon/startup.py``),
-finish what the journal says an earlier run left (``daemon/recovery.py``; before any task exists,
-so a start-up error is a plain ``ConfigError``), start the watcher, *then* scan the inbox, then
-``READY=1``. A file that arrives in between is seen
-by both, never by neither. Stopping (SIGTERM/SIGINT): the intake group goes first, so nothing new
-is claimed; ``shutdown = "kill"`` cancels the jobs (their attempt groups are killed, they stay in
-``processing/``), ``"drain"`` lets them finish within ``shutdown_timeout``. A second signal kills
-every child process group at once. A lost Ray head stops it as ``"kill"`` does, with exit 4.
-
-Admission: a job holds a planning worker (the analysed model, in memory) for its whole life, so
-at most ``max(cpu count, 2 × max_parallel_compiles)`` jobs run at once; the rest wait *in the
-inbox*, unclaimed, where another daemon sharing the inbox may take them. Among settled entries
-the highest sidecar ``priority`` is claimed first, then the oldest.
-
-Storage faults: a job whose own bookkeeping cannot be written (disk full) stays in ``processing/``
-and, at the next rescan, gets what a restart would give it: finished if its outcome was decided,
-else run again. The daemon itself never stops over a failed write.
+Three nested task groups (root: signals, watchdog, status; jobs: one task per claimed job; intake:
+watcher, rescan, dispatcher, control), start-up, stopping, admission and storage faults are
+described in docs/daemon.md, "Inside the daemon: the task tree".
 """
 
 from __future__ import annotations
