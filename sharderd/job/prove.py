@@ -26,7 +26,8 @@ from sharderd.job.codec import ModelSummary
 from sharderd.job.session import PlanRequest, PlanSession, ProbeRequest
 from sharderd.job.verdict import ending, fewest_devices
 from sharderd.plan.observations import AttemptKey, stage_views
-from sharderd.plan.search import (
+from sharderd.plan.search import learn, next_attempts
+from sharderd.plan.search_state import (
     Attempt,
     Planned,
     SearchState,
@@ -34,8 +35,6 @@ from sharderd.plan.search import (
     Started,
     Unplanned,
     Verdict,
-    learn,
-    next_attempts,
 )
 from sharderd.target import Target
 

@@ -18,8 +18,7 @@ from sharderd.job.attempts import AttemptRecord, Contradiction, ProveResult
 from sharderd.job.session import PlanRequest, PlanSession
 from sharderd.plan.observations import OomInfo
 from sharderd.plan.probe import SERIAL_MODE
-from sharderd.plan.search import RULED_OUT, Verdict
-from sharderd.plan.search_state import Failure
+from sharderd.plan.search_state import RULED_OUT, Failure, Verdict
 from sharderd.target import Target
 from sharderd.units import fmt_bytes
 

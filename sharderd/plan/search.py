@@ -15,37 +15,19 @@ from sharderd.errors import PlanInfeasibleError
 from sharderd.plan.amp_retry import amp_retry
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.memory_model import HEADROOM
-from sharderd.plan.perf import PERF_BAND, perf_variants, worth_compiling
+from sharderd.plan.perf import perf_variants, worth_compiling
 from sharderd.plan.probe import learned, serial_probe, why_no_proof
 from sharderd.plan.search_state import (
-    RULED_OUT,
     Attempt,
     Finished,
     Planned,
     SearchState,
-    Settings,
     Started,
     Unplanned,
     Verdict,
-    best_compiled,
 )
 
-__all__ = [
-    "PERF_BAND",
-    "RULED_OUT",
-    "Attempt",
-    "Finished",
-    "Planned",
-    "SearchState",
-    "Settings",
-    "Started",
-    "Unplanned",
-    "Verdict",
-    "best_compiled",
-    "learn",
-    "next_attempts",
-    "verdict",
-]
+__all__ = ["learn", "next_attempts", "verdict"]
 
 
 def learn(state: SearchState, event: Planned | Started | Finished | Unplanned) -> SearchState:

@@ -21,7 +21,7 @@ from sharderd.job.attempts import AttemptRecord, ProveResult
 from sharderd.job.session import PlanRequest
 from sharderd.job.verdict import ending, fewest_devices
 from sharderd.plan.observations import AttemptKey, OomInfo
-from sharderd.plan.search import Verdict
+from sharderd.plan.search_state import Verdict
 from sharderd.target import BUILTIN_TARGETS
 
 

@@ -1,10 +1,10 @@
-"""plan/search.best_compiled: the compiled plan to keep is ranked by throughput, not latency."""
+"""plan/search_state.best_compiled: the compiled plan to keep is ranked by throughput, not latency."""
 
 from __future__ import annotations
 
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.observations import AttemptKey
-from sharderd.plan.search import Attempt, Started, best_compiled
+from sharderd.plan.search_state import Attempt, Started, best_compiled
 
 
 def Compiled(index: int, predicted_s: float, throughput_per_s: float | None = None) -> Started:

@@ -12,15 +12,8 @@ from sharderd.errors import NoSplitError
 from sharderd.plan.content import ContentCorrection
 from sharderd.plan.observations import AttemptKey, OomInfo, Serialization, StageView, observe
 from sharderd.plan.probe import MAX_SERIAL_FACTOR, probe_proves, serial_factor
-from sharderd.plan.search import (
-    Attempt,
-    Finished,
-    SearchState,
-    Started,
-    Verdict,
-    learn,
-    next_attempts,
-)
+from sharderd.plan.search import learn, next_attempts
+from sharderd.plan.search_state import Attempt, Finished, SearchState, Started, Verdict
 
 PROBE_VIEW = (StageView(0, 0.6, ((5, 6),)),)
 

@@ -13,7 +13,8 @@ from sharderd.plan.content import node_factors
 from sharderd.plan.memory_model import HEADROOM, NOISE, amp_closing, content_model, stage_factor
 from sharderd.plan.observations import AttemptKey, Observation, OomInfo, StageView, observe
 from sharderd.plan.perf import worth_compiling
-from sharderd.plan.search import (
+from sharderd.plan.search import learn, next_attempts, verdict
+from sharderd.plan.search_state import (
     Attempt,
     Finished,
     Planned,
@@ -22,9 +23,6 @@ from sharderd.plan.search import (
     Started,
     Unplanned,
     Verdict,
-    learn,
-    next_attempts,
-    verdict,
 )
 
 TILE = 638_976

@@ -11,16 +11,8 @@ from sharderd.plan.amp_retry import amp_retry, cap_too_small
 from sharderd.plan.memory_model import amp_closing
 from sharderd.plan.observations import AttemptKey, OomInfo, StageView, observe
 from sharderd.plan.perf import worth_compiling
-from sharderd.plan.search import (
-    Attempt,
-    Finished,
-    SearchState,
-    Settings,
-    Started,
-    Verdict,
-    learn,
-    next_attempts,
-)
+from sharderd.plan.search import learn, next_attempts
+from sharderd.plan.search_state import Attempt, Finished, SearchState, Settings, Started, Verdict
 
 TILE = 638_976
 PLAN = (StageView(0, 0.7, ((0, 100),)), StageView(1, 0.5, ((100, 200),)))
