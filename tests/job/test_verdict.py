@@ -216,8 +216,9 @@ async def test_not_proven_after_an_overflow_that_named_no_device_says_so() -> No
         assert "None" not in message and info.value.device is None
 
 
-@pytest.mark.anyio
-async def test_not_proven_with_no_device_count_says_what_to_change() -> None:
+async def _no_count_after_an_overflow() -> pytest.ExceptionInfo[NotProvenError]:
+    """``ending`` after one out-of-memory compile on 4 devices, with no device count known."""
+
     async def none() -> int | None:
         return None
 
@@ -231,6 +232,12 @@ async def test_not_proven_with_no_device_count_says_what_to_change() -> None:
             max_attempts=8,
             fewest=none,
         )
+    return info
+
+
+@pytest.mark.anyio
+async def test_not_proven_with_no_device_count_says_what_to_change() -> None:
+    info = await _no_count_after_an_overflow()
     assert "suggest" not in info.value.message and info.value.min_devices is None
     assert info.value.hint is not None and info.value.hint.startswith("no split fits the fitted")
 
@@ -315,19 +322,7 @@ async def test_not_proven_carries_the_settled_shortfall_and_a_rerun_only_with_a_
     )
     assert capped.value.short_bytes is None
 
-    async def none() -> int | None:
-        return None
-
-    with pytest.raises(NotProvenError) as nothing:
-        await ending(
-            (_record(0, OOM),),
-            Verdict(None),
-            devices=4,
-            target=TARGET,
-            backend="poprt",
-            max_attempts=8,
-            fewest=none,
-        )
+    nothing = await _no_count_after_an_overflow()
     assert nothing.value.reruns == () and nothing.value.message.endswith("is spent.")
     assert nothing.value.hint == (
         "no split fits the fitted model on any number of devices the model has nodes for: "
