@@ -107,6 +107,10 @@ def test_the_distinct_weights_one_byte_over_the_devices_are_the_proof_and_exactl
     proof = _proof(analysis, 3 * W // 2 - 1, 2)
     assert proof is not None and proof.grounds == "weights_total"
     assert proof.short_bytes == 2 and proof.min_devices == 3
+    assert (
+        proof.hint == "rerun with --devices 3 (a lower bound: activations and code need room too)"
+    )
+    assert proof.reruns == ({"devices": 3},)
     assert "its distinct weights alone are 49,152 B, more than the 2 devices' 49,150 B" in (
         proof.message
     )
